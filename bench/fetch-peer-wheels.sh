@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Download the wheels that bench/peers.py needs on the GPU machine, which has
+# no network.  Run this on a machine that reaches the package registry; the
+# wheels land in .whl/ at the repository root (git-ignored) and travel with the
+# working tree.  On the GPU machine install them with:
+#
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+#       --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+#
+# Target: CPython 3.12, manylinux x86_64.  --no-deps is deliberate: the GPU
+# machine already has torch 2.11 (cu130), numpy, cupy-cuda13x, safetensors,
+# nvidia-cufile, nvidia-cuda-runtime, nvidia-nvjitlink, packaging,
+# typing-extensions, pyyaml, requests, psutil, filelock and fsspec, so only
+# the loaders and their missing runtime dependencies are listed below.
+#
+# Declared dependencies that are deliberately NOT downloaded, because the GPU
+# machine's image already holds them (cupy-cuda13x 14 and torch's
+# cuda-bindings pull in cuda-pathfinder and cuda-toolkit there):
+#   humanize         runai-model-streamer
+#   typer            fastsafetensors (declared, but no module imports it)
+#   cuda-pathfinder  libkvikio-cu13 (locates libcufile from nvidia-cufile)
+#   cuda-toolkit     libkvikio-cu13's "cuda-toolkit[cufile]", a metapackage
+#   cupy-cuda13x, numpy, packaging, torch: kvikio-cu13, instanttensor, runai
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+dest=.whl
+mkdir -p "$dest"
+
+pins=(
+  fastsafetensors==0.5.0        # peer: SafeTensorsFileLoader(nogds=True)
+  instanttensor==0.2.2          # peer: instanttensor.safe_open
+  runai-model-streamer==0.17.1  # peer: SafetensorsStreamer
+  kvikio-cu13==26.10.0          # peer: kvikio.CuFile (CUDA 13 build)
+  libkvikio-cu13==26.10.0       #   libkvikio.so for kvikio-cu13
+  rapids-logger==0.3.0          #   librapids_logger.so for libkvikio-cu13
+)
+
+platforms=()
+for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
+         manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
+  platforms+=(--platform "$p")
+done
+
+for pin in "${pins[@]}"; do
+  python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    --python-version 3.12 --implementation cp "${platforms[@]}" \
+    -d "$dest" "$pin"
+done
+
+# Report what is in .whl/ and its total size (the travelling tree must stay
+# under 64 MiB, wheels included).
+total=0
+for f in "$dest"/*.whl; do
+  size=$(stat -c %s "$f")
+  total=$((total + size))
+  printf '%10d  %s\n' "$size" "$(basename "$f")"
+done
+printf '%10d  total bytes (%s MiB)\n' "$total" \
+  "$(awk -v b="$total" 'BEGIN { printf "%.1f", b / 1048576 }')"

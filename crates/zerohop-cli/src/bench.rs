@@ -1,0 +1,330 @@
+//! `zerohop bench load`: zerohop's load rate beside the limits it is judged
+//! against, all measured in the same run: pinned host->device copy bandwidth
+//! and the raw read rate of the same file into host memory.
+
+use crate::common::{gib, EngineArgs, HotArg};
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+use zerohop::probe::{drop_from_page_cache, CacheDrop};
+use zerohop::safetensors::{self, Allocation};
+use zerohop::storage::{self, BackendKind, IoMode, SourceFile};
+use zerohop::{Device, Engine, Error, Result, TransferStats};
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Time loads of FILE against the pinned H2D limit and the raw read rate.
+    Load(BenchLoadArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchLoadArgs {
+    pub file: PathBuf,
+    /// Drop the file from the page cache before every timed read.
+    #[arg(long)]
+    pub cold: bool,
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Also time each hot route on its own (staged CPU copies vs page-cache DMA).
+    #[arg(long)]
+    pub compare_routes: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Limit {
+    name: String,
+    gbps: f64,
+}
+
+#[derive(Serialize)]
+struct Run {
+    route: String,
+    gbps: f64,
+    stats: TransferStats,
+}
+
+#[derive(Serialize)]
+struct Report {
+    file: String,
+    bytes: u64,
+    mode: &'static str,
+    cache_drop: Option<CacheDrop>,
+    device: String,
+    h2d_pinned_gbps: f64,
+    raw_reads: Vec<Limit>,
+    runs: Vec<Run>,
+    best_gbps: f64,
+    ratio_to_h2d: f64,
+    ratio_to_best_raw_read: f64,
+    staging_bytes: u64,
+}
+
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Load(a) => bench_load(&a),
+    }
+}
+
+fn bench_load(a: &BenchLoadArgs) -> Result<()> {
+    let device = a.engine.open_device()?;
+    let size = std::fs::metadata(&a.file)
+        .map_err(|e| Error::io(&a.file, "cannot stat", e))?
+        .len();
+    let mode = if a.cold { "cold" } else { "hot" };
+    let say = |s: String| {
+        if !a.json {
+            println!("{s}")
+        }
+    };
+    say(format!(
+        "file     {} ({}), {mode}",
+        a.file.display(),
+        gib(size)
+    ));
+    say(format!("device   {}", device.describe()));
+
+    let h2d = h2d_bandwidth(device.as_ref())?;
+    say(format!("limit    pinned host->device copy: {h2d:.2} GB/s"));
+
+    let mut cache_drop = None;
+    let mut prepare = || -> Result<()> {
+        if a.cold {
+            let (how, left) = drop_from_page_cache(&a.file)
+                .map_err(|e| Error::io(&a.file, "cannot drop cache of", e))?;
+            cache_drop = Some(how);
+            if left > 0.01 {
+                eprintln!(
+                    "warning: {:.0}% of the file stayed in the page cache",
+                    left * 100.0
+                );
+            }
+        } else {
+            warm(&a.file)?;
+        }
+        Ok(())
+    };
+
+    let threads = a.engine.config().io_threads;
+    let mut raw_reads = Vec::new();
+    let modes: &[(BackendKind, IoMode)] = if a.cold {
+        &[
+            (BackendKind::IoUring, IoMode::Direct),
+            (BackendKind::IoUring, IoMode::Buffered),
+            (BackendKind::Pread, IoMode::Buffered),
+        ]
+    } else {
+        &[(BackendKind::Auto, IoMode::Buffered)]
+    };
+    for &(backend, io) in modes {
+        prepare()?;
+        match raw_read(&a.file, backend, io, threads) {
+            Ok((name, gbps)) => {
+                say(format!("limit    raw read into host memory ({name}, {io:?}, {threads} threads): {gbps:.2} GB/s"));
+                raw_reads.push(Limit {
+                    name: format!("{name} {io:?}"),
+                    gbps,
+                });
+            }
+            Err(e) => say(format!(
+                "limit    raw read ({backend:?}, {io:?}) not measured: {e}"
+            )),
+        }
+    }
+    let best_raw = raw_reads.iter().map(|l| l.gbps).fold(0.0, f64::max);
+
+    let mut routes = vec![(a.engine.hot_route, "auto")];
+    if a.compare_routes && !a.cold {
+        routes = vec![
+            (HotArg::Auto, "auto"),
+            (HotArg::Staged, "staged"),
+            (HotArg::Dma, "page-cache dma"),
+        ];
+    }
+    let mut runs = Vec::new();
+    let mut staging_bytes = 0;
+    for (route, label) in routes {
+        let mut args = a.engine.clone();
+        args.hot_route = route;
+        let engine = Engine::new(device.clone(), args.config())?;
+        for i in 0..a.repeat.max(1) {
+            prepare()?;
+            let stats = load_once(&engine, &a.file)?;
+            staging_bytes = staging_bytes.max(stats.staging_bytes);
+            say(format!(
+                "run      {label:<15} #{i}: {:.2} GB/s ({:.3} s) via {}",
+                stats.gbps, stats.seconds, stats.path
+            ));
+            runs.push(Run {
+                route: label.to_string(),
+                gbps: stats.gbps,
+                stats,
+            });
+        }
+    }
+    let best = runs.iter().map(|r| r.gbps).fold(0.0, f64::max);
+    let report = Report {
+        file: a.file.display().to_string(),
+        bytes: size,
+        mode,
+        cache_drop,
+        device: device.describe(),
+        h2d_pinned_gbps: h2d,
+        raw_reads,
+        runs,
+        best_gbps: best,
+        ratio_to_h2d: best / h2d,
+        ratio_to_best_raw_read: if best_raw > 0.0 { best / best_raw } else { 0.0 },
+        staging_bytes,
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("report serializes")
+        );
+    } else {
+        println!("result   best {best:.2} GB/s = {:.1}% of pinned H2D, {:.1}% of the best raw read ({best_raw:.2} GB/s)", 100.0 * report.ratio_to_h2d, 100.0 * report.ratio_to_best_raw_read);
+        println!(
+            "host     staging held: {} (bound: {})",
+            gib(staging_bytes),
+            gib(a.engine.config().staging.total_bytes as u64)
+        );
+        if let Some(how) = cache_drop {
+            println!("cold     page cache emptied with {how:?} before each timed read");
+        }
+    }
+    Ok(())
+}
+
+fn load_once(engine: &Engine, file: &Path) -> Result<TransferStats> {
+    if file.extension().is_some_and(|e| e == "safetensors") {
+        Ok(safetensors::load_safetensors(engine, &[file], Allocation::PerFile, None)?.stats)
+    } else {
+        Ok(engine.load_files(&[file], None)?.1)
+    }
+}
+
+/// Reads the whole file once so it sits in the page cache.
+fn warm(path: &Path) -> Result<()> {
+    let (name, _) = raw_read(path, BackendKind::Pread, IoMode::Buffered, 4)?;
+    debug_assert_eq!(name, "pread");
+    Ok(())
+}
+
+/// Pinned host->device bandwidth: 4 queues each copying a 64 MiB pinned
+/// buffer into its own region of a 1 GiB device buffer, 8 GiB in all.
+fn h2d_bandwidth(device: &dyn Device) -> Result<f64> {
+    const CHUNK: usize = 64 << 20;
+    const QUEUES: usize = 4;
+    const ROUNDS: usize = 32;
+    let dst = device.alloc(QUEUES * 4 * CHUNK)?;
+    let mut srcs: Vec<_> = (0..QUEUES)
+        .map(|_| device.alloc_staging(CHUNK))
+        .collect::<Result<_>>()?;
+    let queues: Vec<_> = (0..QUEUES)
+        .map(|_| device.new_queue())
+        .collect::<Result<_>>()?;
+    let mut round = |rounds: usize| -> Result<f64> {
+        let t = Instant::now();
+        let mut fences = Vec::new();
+        for r in 0..rounds {
+            for (q, (queue, src)) in queues.iter().zip(srcs.iter_mut()).enumerate() {
+                let at = dst.addr() + ((q * 4 + r % 4) * CHUNK) as u64;
+                // SAFETY: the source is our staging buffer, the destination a
+                // region inside `dst`; both live until the fences below pass.
+                unsafe { queue.copy_to_device(src.as_mut_ptr(), at, CHUNK)? };
+            }
+        }
+        for q in &queues {
+            fences.push(q.record()?);
+        }
+        for f in fences {
+            f.wait()?;
+        }
+        Ok((rounds * QUEUES * CHUNK) as f64 / t.elapsed().as_secs_f64() / 1e9)
+    };
+    round(2)?;
+    round(ROUNDS)
+}
+
+/// Reads the whole file into host memory (not the GPU) with `threads`
+/// readers of 8 MiB chunks: the storage side's limit.
+fn raw_read(
+    path: &Path,
+    backend: BackendKind,
+    mode: IoMode,
+    threads: usize,
+) -> Result<(&'static str, f64)> {
+    const CHUNK: u64 = 8 << 20;
+    let backend = storage::backend(backend).map_err(|e| Error::io(path, "no backend for", e))?;
+    let file = SourceFile::open(path)?;
+    if mode == IoMode::Direct && !file.direct_capable() {
+        return Err(Error::invalid("this file system refuses O_DIRECT"));
+    }
+    let next = AtomicU64::new(0);
+    let t = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    let mut reader = backend
+                        .reader()
+                        .map_err(|e| Error::io(path, "cannot start reader for", e))?;
+                    let mut buf = AlignedBuf::new(CHUNK as usize);
+                    loop {
+                        let off = next.fetch_add(CHUNK, Ordering::Relaxed);
+                        if off >= file.len() {
+                            return Ok(());
+                        }
+                        reader
+                            .read_at(&file, mode, off, buf.as_mut_slice())
+                            .map_err(|e| Error::io(path, "read failed in", e))?;
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::invalid("reader panicked")))
+        })
+    })?;
+    Ok((
+        backend.name(),
+        file.len() as f64 / t.elapsed().as_secs_f64() / 1e9,
+    ))
+}
+
+/// A page-aligned heap buffer (O_DIRECT needs aligned memory).
+struct AlignedBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).expect("valid layout");
+        // SAFETY: non-zero size; checked for null below.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        AlignedBuf { ptr, layout }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: we own `layout.size()` initialised (zeroed) bytes at `ptr`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}

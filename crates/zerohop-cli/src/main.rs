@@ -1,0 +1,73 @@
+//! `zerohop`: load files into GPU memory at the hardware limit, and measure it.
+
+mod bench;
+mod common;
+mod info;
+mod load;
+mod progress;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "zerohop",
+    version,
+    about = "Move bytes between storage and GPU memory with no host hop"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// What this machine supports: driver, GPUs, GDS, io_uring, O_DIRECT, staging.
+    Info {
+        /// A file or directory whose file system to check for O_DIRECT.
+        path: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a synthetic transformer-shaped safetensors model (bf16, random).
+    Gen {
+        /// Approximate size, e.g. 8GiB, 512MiB, 1G.
+        #[arg(long, value_parser = common::parse_size)]
+        size: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        out: PathBuf,
+    },
+    /// Load raw files or safetensors shards into device memory.
+    Load(load::LoadArgs),
+    /// Benchmarks against the machine's limits.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Generate a demo model and load it (into the GPU, or host memory without one).
+    Demo {
+        #[arg(long, value_parser = common::parse_size, default_value = "1GiB")]
+        size: u64,
+        /// Where to write the demo model (default: the system temp directory).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info { path, json } => info::run(path.as_deref(), json),
+        Command::Gen { size, seed, out } => load::gen(&out, size, seed),
+        Command::Load(args) => load::run(&args),
+        Command::Bench(cmd) => bench::run(cmd),
+        Command::Demo { size, dir } => load::demo(size, dir),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("zerohop: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,82 @@
+use crate::error::check;
+use crate::{Driver, Result};
+use cudarc::driver::sys;
+use std::sync::Arc;
+
+/// The primary context of one device, retained for as long as this lives.
+///
+/// Shared by `Arc`; every wrapper binds it before its driver calls, because
+/// the driver's "current context" is per thread.
+#[derive(Debug)]
+pub struct Context {
+    ordinal: usize,
+    device: sys::CUdevice,
+    raw: sys::CUcontext,
+}
+
+// SAFETY: a primary context handle may be used from any thread; the driver
+// serialises what needs it. We never hand out the raw pointer mutably.
+unsafe impl Send for Context {}
+// SAFETY: as above; all methods take `&self` and only pass the handle on.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Retains the primary context of device `ordinal`.
+    pub fn new(ordinal: usize) -> Result<Arc<Context>> {
+        let driver = Driver::get()?;
+        let device = driver.device(ordinal)?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `device` is valid; writes one handle.
+        check(
+            unsafe { sys::cuDevicePrimaryCtxRetain(&mut raw, device) },
+            "cuDevicePrimaryCtxRetain",
+        )?;
+        let ctx = Context {
+            ordinal,
+            device,
+            raw,
+        };
+        ctx.bind()?;
+        Ok(Arc::new(ctx))
+    }
+
+    /// Device ordinal of this context.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Makes this the calling thread's current context. Cheap (a
+    /// thread-local write in the driver), so every wrapper calls it rather
+    /// than caching which context a thread has.
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: `raw` is a retained primary context, alive while `self` is.
+        check(unsafe { sys::cuCtxSetCurrent(self.raw) }, "cuCtxSetCurrent")
+    }
+
+    /// Free and total device memory, in bytes.
+    pub fn memory_info(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two integers; a context is current.
+        check(
+            unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
+            "cuMemGetInfo",
+        )?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Waits for all work in this context.
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: no arguments; a context is current.
+        check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in `new`; every wrapper that uses the
+        // context holds an `Arc` to it, so none outlives this.
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
+}

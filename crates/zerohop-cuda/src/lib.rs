@@ -1,0 +1,24 @@
+//! The only crate of zerohop that talks to the CUDA driver.
+//!
+//! The driver library is loaded at run time (cudarc's `dynamic-loading`), so
+//! every binary builds and starts on machines without CUDA: [`Driver::get`]
+//! answers a typed [`CudaError`] instead of panicking when `libcuda` is absent.
+//!
+//! Every handle here binds its context before each driver call, so values may
+//! move between threads freely.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod context;
+mod driver;
+mod error;
+mod memory;
+mod stream;
+
+pub use context::Context;
+pub use driver::{DeviceInfo, Driver};
+pub use error::{CudaError, CudaErrorKind};
+pub use memory::{DeviceAllocation, DevicePtr, HostRegistration, PinnedBuffer};
+pub use stream::{Event, Stream};
+
+/// Result of a CUDA driver call.
+pub type Result<T> = std::result::Result<T, CudaError>;

@@ -1,0 +1,153 @@
+use super::{
+    CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceKind, Fence, HostPin, StagingMemory,
+};
+use crate::{Error, ErrorKind, Result};
+use std::sync::Arc;
+use zerohop_cuda::{
+    Context, DeviceAllocation, Driver, Event, HostRegistration, PinnedBuffer, Stream,
+};
+
+/// The driver's CUDA version ("13.0") and the number of GPUs; an error
+/// (never a panic) where no driver is installed.
+pub fn cuda_driver_summary() -> Result<(String, usize)> {
+    let driver = Driver::get()?;
+    let (major, minor) = driver.version();
+    Ok((format!("{major}.{minor}"), driver.device_count()?))
+}
+
+/// A CUDA GPU through its primary context.
+pub struct CudaDevice {
+    ctx: Arc<Context>,
+    description: String,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`; a typed error (never a panic) without a driver.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let driver = Driver::get()?;
+        let info = driver.device_info(ordinal)?;
+        let ctx = Context::new(ordinal)?;
+        let description = format!(
+            "cuda:{ordinal} {} ({:.0} GiB, sm_{}{}, PCI {})",
+            info.name,
+            info.total_memory as f64 / (1u64 << 30) as f64,
+            info.compute_capability.0,
+            info.compute_capability.1,
+            info.pci_bus_id
+        );
+        Ok(CudaDevice { ctx, description })
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+impl Device for CudaDevice {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda(self.ctx.ordinal())
+    }
+
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
+        let alloc = DeviceAllocation::new(&self.ctx, len)?;
+        Ok(DeviceBuffer::owned(
+            alloc.ptr(),
+            len,
+            self.kind(),
+            Arc::new(alloc),
+        ))
+    }
+
+    fn alloc_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
+        Ok(Box::new(PinnedStaging(PinnedBuffer::new(&self.ctx, len)?)))
+    }
+
+    fn new_queue(&self) -> Result<Box<dyn CopyQueue>> {
+        Ok(Box::new(CudaQueue {
+            stream: Stream::new(&self.ctx)?,
+            ctx: self.ctx.clone(),
+        }))
+    }
+
+    unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>> {
+        // SAFETY: forwarded contract: the caller keeps the range mapped while
+        // the pin lives and outlives its copies.
+        let reg = unsafe { HostRegistration::new(&self.ctx, ptr, len, true) }?;
+        Ok(Some(Box::new(Registered { _registration: reg })))
+    }
+
+    fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range(src, offset, dst.len())?;
+        // Borrowed buffers have no `DeviceAllocation` to call; copy through a
+        // synchronous stream copy into pinned memory instead.
+        let mut pinned = PinnedBuffer::new(&self.ctx, dst.len())?;
+        let stream = Stream::new(&self.ctx)?;
+        // SAFETY: the source range lies in `src` (checked above), the pinned
+        // destination is ours, and we synchronize before reading it.
+        unsafe { stream.copy_d2h(src.addr() + offset as u64, pinned.as_mut_ptr(), dst.len())? };
+        stream.synchronize()?;
+        // SAFETY: `pinned` holds `dst.len()` initialised bytes after the sync.
+        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(pinned.as_ptr(), dst.len()) });
+        Ok(())
+    }
+}
+
+pub(super) fn check_range(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= buf.len() => Ok(()),
+        _ => Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "{len} bytes at offset {offset} exceed the {}-byte buffer",
+                buf.len()
+            ),
+        )),
+    }
+}
+
+struct PinnedStaging(PinnedBuffer);
+
+impl StagingMemory for PinnedStaging {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Unregisters on drop.
+struct Registered {
+    _registration: HostRegistration,
+}
+impl HostPin for Registered {}
+
+struct CudaQueue {
+    ctx: Arc<Context>,
+    stream: Stream,
+}
+
+impl CopyQueue for CudaQueue {
+    unsafe fn copy_to_device(&self, src: *const u8, dst: DeviceAddr, len: usize) -> Result<()> {
+        // SAFETY: forwarded contract of `CopyQueue::copy_to_device`.
+        unsafe { self.stream.copy_h2d(src, dst, len) }.map_err(Error::from)
+    }
+
+    fn record(&self) -> Result<Box<dyn Fence>> {
+        let event = Event::new(&self.ctx)?;
+        event.record(&self.stream)?;
+        Ok(Box::new(CudaFence(event)))
+    }
+}
+
+struct CudaFence(Event);
+
+impl Fence for CudaFence {
+    fn wait(&self) -> Result<()> {
+        self.0.synchronize().map_err(Error::from)
+    }
+}

@@ -1,0 +1,190 @@
+//! The memory side: a [`Device`] owns device memory, pinned staging memory
+//! and copy queues. Two implementations share this interface: CUDA, and a
+//! simulated device (host memory, copies done later by a worker thread) that
+//! runs the same pipeline in CI and makes ordering bugs visible.
+
+mod cuda;
+mod sim;
+
+pub use cuda::{cuda_driver_summary, CudaDevice};
+pub use sim::{SimConfig, SimDevice};
+
+use crate::Result;
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+/// An address in a device's memory space.
+pub type DeviceAddr = u64;
+
+/// Which device a [`DeviceBuffer`] or transfer belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    /// A CUDA GPU by ordinal.
+    Cuda(usize),
+    /// Host memory standing in for a GPU.
+    Simulated,
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceKind::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceKind::Simulated => f.write_str("host (simulated device)"),
+        }
+    }
+}
+
+/// A range of device memory: owned (freed when the last clone drops) or
+/// borrowed from a framework by pointer and length.
+#[derive(Clone)]
+pub struct DeviceBuffer {
+    addr: DeviceAddr,
+    len: usize,
+    device: DeviceKind,
+    owner: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("device", &self.device)
+            .field("owned", &self.owner.is_some())
+            .finish()
+    }
+}
+
+impl DeviceBuffer {
+    pub(crate) fn owned(
+        addr: DeviceAddr,
+        len: usize,
+        device: DeviceKind,
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> Self {
+        DeviceBuffer {
+            addr,
+            len,
+            device,
+            owner: Some(owner),
+        }
+    }
+
+    /// Wraps memory that someone else owns (e.g. a PyTorch tensor's storage).
+    ///
+    /// # Safety
+    /// `addr..addr+len` must be memory of `device` that stays allocated, and
+    /// that nothing else reads or writes, while any transfer into it runs.
+    pub unsafe fn borrowed(addr: DeviceAddr, len: usize, device: DeviceKind) -> Self {
+        DeviceBuffer {
+            addr,
+            len,
+            device,
+            owner: None,
+        }
+    }
+
+    pub fn addr(&self) -> DeviceAddr {
+        self.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn device(&self) -> DeviceKind {
+        self.device
+    }
+
+    /// A sub-range of this buffer sharing its ownership.
+    pub fn slice(&self, offset: usize, len: usize) -> Result<DeviceBuffer> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(DeviceBuffer {
+                addr: self.addr + offset as u64,
+                len,
+                device: self.device,
+                owner: self.owner.clone(),
+            }),
+            _ => Err(crate::Error::invalid(format!(
+                "slice of {len} bytes at {offset} exceeds the {}-byte buffer",
+                self.len
+            ))),
+        }
+    }
+}
+
+/// Host memory the device can copy from asynchronously (pinned for CUDA).
+pub trait StagingMemory: Send + Sync {
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    fn len(&self) -> usize;
+}
+
+/// A completion marker for copies queued before it.
+pub trait Fence: Send {
+    /// Blocks until every copy queued before this fence has finished.
+    fn wait(&self) -> Result<()>;
+}
+
+/// An ordered queue of asynchronous copies (a CUDA stream).
+pub trait CopyQueue: Send {
+    /// Queues a copy of `len` bytes from host `src` to device `dst`.
+    ///
+    /// # Safety
+    /// `src..src+len` must stay readable and unchanged, and `dst..dst+len`
+    /// must lie in a live buffer of this device that nothing else touches,
+    /// until a fence recorded after this call has been waited for.
+    unsafe fn copy_to_device(&self, src: *const u8, dst: DeviceAddr, len: usize) -> Result<()>;
+
+    /// A fence after everything queued so far.
+    fn record(&self) -> Result<Box<dyn Fence>>;
+}
+
+/// Host memory pinned for direct device access until dropped.
+pub trait HostPin: Send {}
+
+/// A GPU, or its simulation.
+pub trait Device: Send + Sync {
+    fn kind(&self) -> DeviceKind;
+
+    /// One line for logs and `info`: e.g. "cuda:0 NVIDIA H200 (139 GiB)".
+    fn describe(&self) -> String;
+
+    /// Allocates device memory.
+    fn alloc(&self, len: usize) -> Result<DeviceBuffer>;
+
+    /// Allocates host memory for staging, once per pool.
+    fn alloc_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>>;
+
+    fn new_queue(&self) -> Result<Box<dyn CopyQueue>>;
+
+    /// Pins existing host memory (e.g. a read-only file mapping) so copies
+    /// can read it directly. `None` when this device cannot do that.
+    ///
+    /// # Safety
+    /// The range must stay mapped until the returned pin is dropped, and the
+    /// pin must outlive every copy that reads the range.
+    unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>>;
+
+    /// Copies device memory back to the host, synchronously (for `--verify`).
+    fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()>;
+}
+
+/// Opens the device named by `spec`: `cuda`, `cuda:N`, or `host`.
+pub fn open_device(spec: &str) -> Result<Arc<dyn Device>> {
+    match spec {
+        "host" | "cpu" | "sim" => Ok(Arc::new(SimDevice::new(SimConfig::default()))),
+        "cuda" => Ok(Arc::new(CudaDevice::open(0)?)),
+        s => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Ok(Arc::new(CudaDevice::open(n)?)),
+            _ => Err(crate::Error::invalid(format!(
+                "unknown device {s:?}: expected cuda, cuda:N or host"
+            ))),
+        },
+    }
+}

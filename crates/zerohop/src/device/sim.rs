@@ -1,0 +1,328 @@
+//! A device simulated in host memory. Copies are queued and done later by a
+//! worker thread per queue, after an optional random delay, so a pipeline
+//! that reuses a staging slot before its copy finished loads wrong bytes and
+//! fails its tests. Every copy is checked against the live allocations: a
+//! copy outside them is an error, never a stray write.
+
+use super::{
+    CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceKind, Fence, HostPin, StagingMemory,
+};
+use crate::{Error, ErrorKind, Result};
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// Behaviour of the simulated device.
+#[derive(Debug, Clone, Default)]
+pub struct SimConfig {
+    /// Each copy waits a random time up to this long before it runs.
+    pub max_copy_delay: Duration,
+    /// The copy with this sequence number (counted from 0 across all queues)
+    /// fails, as a broken copy engine would.
+    pub fail_copy: Option<u64>,
+    /// Allocations beyond this many bytes in total fail with out-of-memory.
+    pub memory_limit: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Region {
+    Device,
+    Staging,
+    Pinned,
+}
+
+#[derive(Default)]
+struct Registry {
+    /// start address -> (length, what it is)
+    ranges: BTreeMap<u64, (u64, Region)>,
+    device_bytes: u64,
+}
+
+impl Registry {
+    fn contains(&self, addr: u64, len: u64, wanted: &[Region]) -> bool {
+        match self.ranges.range(..=addr).next_back() {
+            Some((&start, &(rlen, kind))) => {
+                wanted.contains(&kind) && addr + len <= start + rlen.max(1)
+            }
+            None => false,
+        }
+    }
+}
+
+/// Host memory standing in for a GPU.
+pub struct SimDevice {
+    config: SimConfig,
+    registry: Arc<Mutex<Registry>>,
+    copies: Arc<AtomicU64>,
+}
+
+impl SimDevice {
+    pub fn new(config: SimConfig) -> Self {
+        SimDevice {
+            config,
+            registry: Arc::default(),
+            copies: Arc::default(),
+        }
+    }
+
+    fn alloc_region(&self, len: usize, kind: Region) -> Result<HostAlloc> {
+        let layout = Layout::from_size_align(len.max(1), 4096)
+            .map_err(|_| Error::invalid(format!("cannot allocate {len} bytes")))?;
+        let mut reg = self.registry.lock().unwrap();
+        if kind == Region::Device {
+            if let Some(limit) = self.config.memory_limit {
+                if reg.device_bytes + len as u64 > limit {
+                    return Err(Error::new(
+                        ErrorKind::OutOfMemory,
+                        format!(
+                            "out of simulated device memory: asked for {len} bytes, limit {limit}"
+                        ),
+                    ));
+                }
+            }
+            reg.device_bytes += len as u64;
+        }
+        // SAFETY: the layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::new(
+                ErrorKind::OutOfMemory,
+                format!("host allocation of {len} bytes failed"),
+            ));
+        }
+        reg.ranges.insert(ptr as u64, (len as u64, kind));
+        Ok(HostAlloc {
+            ptr,
+            layout,
+            len,
+            registry: self.registry.clone(),
+            device_bytes: kind == Region::Device,
+        })
+    }
+}
+
+/// A registered host allocation; unregistered and freed on drop.
+struct HostAlloc {
+    ptr: *mut u8,
+    layout: Layout,
+    len: usize,
+    registry: Arc<Mutex<Registry>>,
+    device_bytes: bool,
+}
+
+// SAFETY: plain owned memory; the raw pointer is only shared with the copy
+// worker under the registry lock.
+unsafe impl Send for HostAlloc {}
+// SAFETY: as above.
+unsafe impl Sync for HostAlloc {}
+
+impl Drop for HostAlloc {
+    fn drop(&mut self) {
+        let mut reg = self.registry.lock().unwrap();
+        reg.ranges.remove(&(self.ptr as u64));
+        if self.device_bytes {
+            reg.device_bytes -= self.len as u64;
+        }
+        // SAFETY: allocated with this layout in `alloc_region`; removed from
+        // the registry under the lock, so no copy can still target it.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+impl StagingMemory for HostAlloc {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+struct PinnedRange {
+    start: u64,
+    registry: Arc<Mutex<Registry>>,
+}
+impl HostPin for PinnedRange {}
+impl Drop for PinnedRange {
+    fn drop(&mut self) {
+        self.registry.lock().unwrap().ranges.remove(&self.start);
+    }
+}
+
+impl Device for SimDevice {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Simulated
+    }
+
+    fn describe(&self) -> String {
+        "host memory (simulated device: no GPU used)".into()
+    }
+
+    fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
+        let a = self.alloc_region(len, Region::Device)?;
+        Ok(DeviceBuffer::owned(
+            a.ptr as u64,
+            len,
+            DeviceKind::Simulated,
+            Arc::new(a),
+        ))
+    }
+
+    fn alloc_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
+        Ok(Box::new(self.alloc_region(len, Region::Staging)?))
+    }
+
+    fn new_queue(&self) -> Result<Box<dyn CopyQueue>> {
+        let (tx, rx) = mpsc::channel::<Op>();
+        let registry = self.registry.clone();
+        let config = self.config.clone();
+        let copies = self.copies.clone();
+        std::thread::Builder::new()
+            .name("zerohop-sim-copy".into())
+            .spawn(move || copy_worker(rx, registry, config, copies))
+            .map_err(|e| {
+                Error::with_source(ErrorKind::Device, "starting simulated copy worker", e)
+            })?;
+        Ok(Box::new(SimQueue { tx }))
+    }
+
+    unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>> {
+        let start = ptr as u64;
+        self.registry
+            .lock()
+            .unwrap()
+            .ranges
+            .insert(start, (len as u64, Region::Pinned));
+        Ok(Some(Box::new(PinnedRange {
+            start,
+            registry: self.registry.clone(),
+        })))
+    }
+
+    fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        super::cuda::check_range(src, offset, dst.len())?;
+        let reg = self.registry.lock().unwrap();
+        let addr = src.addr() + offset as u64;
+        if !reg.contains(addr, dst.len() as u64, &[Region::Device]) {
+            return Err(Error::new(
+                ErrorKind::Device,
+                "read_back outside live simulated memory",
+            ));
+        }
+        // SAFETY: the range lies in a live device allocation (checked under
+        // the lock that frees hold).
+        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, dst.len()) });
+        Ok(())
+    }
+}
+
+enum Op {
+    Copy { src: u64, dst: u64, len: u64 },
+    Signal(Arc<FenceState>),
+}
+
+#[derive(Default)]
+struct FenceState {
+    /// None while pending; Some(error text or empty) when reached.
+    outcome: Mutex<Option<Option<String>>>,
+    cv: Condvar,
+}
+
+struct SimQueue {
+    tx: mpsc::Sender<Op>,
+}
+
+impl CopyQueue for SimQueue {
+    unsafe fn copy_to_device(&self, src: *const u8, dst: DeviceAddr, len: usize) -> Result<()> {
+        self.tx
+            .send(Op::Copy {
+                src: src as u64,
+                dst,
+                len: len as u64,
+            })
+            .map_err(|_| Error::new(ErrorKind::Device, "simulated copy worker stopped"))
+    }
+
+    fn record(&self) -> Result<Box<dyn Fence>> {
+        let state = Arc::new(FenceState::default());
+        self.tx
+            .send(Op::Signal(state.clone()))
+            .map_err(|_| Error::new(ErrorKind::Device, "simulated copy worker stopped"))?;
+        Ok(Box::new(SimFence(state)))
+    }
+}
+
+struct SimFence(Arc<FenceState>);
+
+impl Fence for SimFence {
+    fn wait(&self) -> Result<()> {
+        let mut g = self.0.outcome.lock().unwrap();
+        while g.is_none() {
+            g = self.0.cv.wait(g).unwrap();
+        }
+        match g.as_ref().unwrap() {
+            None => Ok(()),
+            Some(msg) => Err(Error::new(ErrorKind::Device, msg.clone())),
+        }
+    }
+}
+
+fn copy_worker(
+    rx: mpsc::Receiver<Op>,
+    registry: Arc<Mutex<Registry>>,
+    config: SimConfig,
+    copies: Arc<AtomicU64>,
+) {
+    // The first failure sticks to the queue, as a CUDA stream error does.
+    let mut failure: Option<String> = None;
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (registry.as_ref() as *const _ as u64);
+    for op in rx {
+        match op {
+            Op::Copy { src, dst, len } => {
+                let seq = copies.fetch_add(1, Ordering::Relaxed);
+                if failure.is_some() {
+                    continue;
+                }
+                if !config.max_copy_delay.is_zero() {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let nanos = rng % (config.max_copy_delay.as_nanos() as u64 + 1);
+                    std::thread::sleep(Duration::from_nanos(nanos));
+                }
+                if config.fail_copy == Some(seq) {
+                    failure = Some(format!("injected copy failure at copy {seq}"));
+                    continue;
+                }
+                let reg = registry.lock().unwrap();
+                if !reg.contains(dst, len, &[Region::Device]) {
+                    failure = Some(format!(
+                        "copy of {len} bytes to {dst:#x} is outside live device memory"
+                    ));
+                } else if !reg.contains(src, len, &[Region::Staging, Region::Pinned]) {
+                    failure = Some(format!(
+                        "copy of {len} bytes from {src:#x} is outside staging or pinned memory"
+                    ));
+                } else {
+                    // SAFETY: both ranges lie in live registered allocations
+                    // (checked under the lock that every free takes), and a
+                    // device range is never also a staging range.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            src as *const u8,
+                            dst as *mut u8,
+                            len as usize,
+                        )
+                    };
+                }
+            }
+            Op::Signal(state) => {
+                *state.outcome.lock().unwrap() = Some(failure.clone());
+                state.cv.notify_all();
+            }
+        }
+    }
+}

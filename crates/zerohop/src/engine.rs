@@ -1,0 +1,270 @@
+//! The engine: one per device. It owns the staging pool and the read
+//! backend, chooses each file's route, and runs transfers.
+
+use crate::device::{Device, DeviceBuffer};
+use crate::hot::FileMapping;
+use crate::pipeline::{self, Job, Progress, WindowRoute, WorkItem, Worker};
+use crate::plan::{windows, Extent, TransferPlan};
+use crate::staging::{StagingConfig, StagingPool};
+use crate::stats::TransferStats;
+use crate::storage::{self, BackendKind, IoMode, ReadBackend, SourceFile, DIRECT_ALIGN};
+use crate::{Error, Result};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// When to read with O_DIRECT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DirectIo {
+    /// O_DIRECT for files that are not in the page cache, where allowed.
+    Auto,
+    /// O_DIRECT wherever the file system allows it.
+    Always,
+    /// Always through the page cache.
+    Never,
+}
+
+/// Which route hot files (already in the page cache) take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HotRoute {
+    /// Page-cache DMA where the device supports it, else staged buffered reads.
+    Auto,
+    /// CPU copies from the page cache into staging slots.
+    Staged,
+    /// The GPU copies from the registered page-cache pages.
+    PageCacheDma,
+}
+
+/// Engine settings; the defaults suit the reference machine (see README).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EngineConfig {
+    pub staging: StagingConfig,
+    /// I/O worker threads (each with its own reader and copy queue).
+    pub io_threads: usize,
+    pub backend: BackendKind,
+    pub direct_io: DirectIo,
+    pub hot_route: HotRoute,
+    /// Bytes pinned per page-cache DMA window.
+    pub dma_window_bytes: usize,
+    /// A file counts as hot when at least this fraction of it is cached.
+    pub hot_threshold: f64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            staging: StagingConfig::default(),
+            io_threads: crate::probe::cpus().clamp(2, 8),
+            backend: BackendKind::Auto,
+            direct_io: DirectIo::Auto,
+            hot_route: HotRoute::Auto,
+            dma_window_bytes: 64 << 20,
+            hot_threshold: 0.98,
+        }
+    }
+}
+
+/// Moves bytes from files into one device's memory.
+pub struct Engine {
+    device: Arc<dyn Device>,
+    pool: Mutex<StagingPool>,
+    backend: Arc<dyn ReadBackend>,
+    config: EngineConfig,
+}
+
+impl Engine {
+    /// Allocates the staging pool once and picks the read backend.
+    pub fn new(device: Arc<dyn Device>, config: EngineConfig) -> Result<Self> {
+        let backend = storage::backend(config.backend).map_err(|e| {
+            Error::with_source(crate::ErrorKind::Io, "io_uring is not available", e)
+        })?;
+        Self::with_backend(device, config, backend)
+    }
+
+    /// As [`Engine::new`] with a given backend (e.g. a fault-injecting one).
+    pub fn with_backend(
+        device: Arc<dyn Device>,
+        config: EngineConfig,
+        backend: Arc<dyn ReadBackend>,
+    ) -> Result<Self> {
+        if config.io_threads == 0 {
+            return Err(Error::invalid("io_threads must be at least 1"));
+        }
+        if config.dma_window_bytes == 0 || config.dma_window_bytes % crate::hot::page_size() != 0 {
+            return Err(Error::invalid(
+                "dma_window_bytes must be a positive multiple of the page size",
+            ));
+        }
+        let pool = StagingPool::new(device.as_ref(), config.staging)?;
+        Ok(Engine {
+            device,
+            pool: Mutex::new(pool),
+            backend,
+            config,
+        })
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Opens files for a transfer.
+    pub fn open_files<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<SourceFile>> {
+        paths.iter().map(|p| SourceFile::open(p.as_ref())).collect()
+    }
+
+    /// Loads each whole file into a new device buffer of its size.
+    pub fn load_files<P: AsRef<Path>>(
+        &self,
+        paths: &[P],
+        progress: Option<Progress<'_>>,
+    ) -> Result<(Vec<DeviceBuffer>, TransferStats)> {
+        let files = Self::open_files(paths)?;
+        let mut plan = TransferPlan::new();
+        let mut buffers = Vec::with_capacity(files.len());
+        for (i, f) in files.iter().enumerate() {
+            let buf = self.device.alloc(f.len() as usize)?;
+            plan.add(&files, i, 0, f.len(), &buf, 0)?;
+            buffers.push(buf);
+        }
+        let stats = self.transfer(&files, &plan, progress)?;
+        Ok((buffers, stats))
+    }
+
+    /// Runs a planned transfer. Returns only when every byte has arrived (or
+    /// with the first error; partial success is never reported).
+    pub fn transfer(
+        &self,
+        files: &[SourceFile],
+        plan: &TransferPlan,
+        progress: Option<Progress<'_>>,
+    ) -> Result<TransferStats> {
+        let started = Instant::now();
+        let cpu_before = crate::stats::cpu_seconds();
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let slot_bytes = pool.config().slot_bytes as u64;
+        let routes: Vec<WindowRoute> = files.iter().map(|f| self.route_for(f)).collect();
+
+        let mut maps = Vec::with_capacity(files.len());
+        for (f, r) in files.iter().zip(&routes) {
+            maps.push(match r {
+                WindowRoute::PageCacheDma if !f.is_empty() => Some(FileMapping::new(f)?),
+                _ => None,
+            });
+        }
+        let items = self.work_items(plan.extents(), &routes, slot_bytes);
+        let windows = items.len();
+
+        let slots = pool.slots_mut();
+        let threads = self
+            .config
+            .io_threads
+            .min(slots.len() / 2)
+            .max(1)
+            .min(windows.max(1));
+        let per_worker = slots.len() / threads;
+        let mut workers = Vec::with_capacity(threads);
+        for share in slots.chunks_mut(per_worker).take(threads) {
+            workers.push(Worker {
+                slots: share,
+                queue: self.device.new_queue()?,
+                reader: self.backend.reader().map_err(|e| {
+                    Error::with_source(
+                        crate::ErrorKind::Io,
+                        format!("cannot start a {} reader", self.backend.name()),
+                        e,
+                    )
+                })?,
+            });
+        }
+        let job = Job {
+            device: self.device.as_ref(),
+            files,
+            maps: &maps,
+            items,
+            progress,
+        };
+        let moved = pipeline::run(&job, workers)?;
+
+        let mut stats = TransferStats {
+            device: self.device.describe(),
+            bytes: plan.bytes(),
+            backend: self.backend.name().to_string(),
+            direct_bytes: moved.direct,
+            buffered_bytes: moved.buffered,
+            page_cache_dma_bytes: moved.page_cache_dma,
+            staging_bytes: pool.bytes(),
+            io_threads: threads,
+            files: files.len(),
+            windows,
+            ..Default::default()
+        };
+        debug_assert_eq!(
+            moved.direct + moved.buffered + moved.page_cache_dma,
+            plan.bytes()
+        );
+        stats.finish(started, cpu_before);
+        Ok(stats)
+    }
+
+    /// The route for a file: page-cache DMA for hot files (per
+    /// `hot_route`), else staged reads, O_DIRECT per `direct_io`.
+    fn route_for(&self, f: &SourceFile) -> WindowRoute {
+        let hot = f.resident_fraction() >= self.config.hot_threshold;
+        let dma = match self.config.hot_route {
+            HotRoute::Staged => false,
+            HotRoute::PageCacheDma => true,
+            HotRoute::Auto => hot,
+        };
+        if dma {
+            return WindowRoute::PageCacheDma;
+        }
+        let direct = f.direct_capable()
+            && match self.config.direct_io {
+                DirectIo::Never => false,
+                DirectIo::Always => true,
+                DirectIo::Auto => !hot,
+            };
+        WindowRoute::Staged(if direct {
+            IoMode::Direct
+        } else {
+            IoMode::Buffered
+        })
+    }
+
+    fn work_items(
+        &self,
+        extents: &[Extent],
+        routes: &[WindowRoute],
+        slot_bytes: u64,
+    ) -> Vec<WorkItem> {
+        let page = crate::hot::page_size() as u64;
+        let dma_cap = (self.config.dma_window_bytes as u64).max(page);
+        let (dma, staged): (Vec<Extent>, Vec<Extent>) = extents
+            .iter()
+            .partition(|e| routes[e.file] == WindowRoute::PageCacheDma);
+        let mut items: Vec<WorkItem> = windows(&staged, slot_bytes, DIRECT_ALIGN)
+            .into_iter()
+            .map(|w| WorkItem {
+                route: routes[w.file],
+                window: w,
+            })
+            .collect();
+        items.extend(windows(&dma, dma_cap, page).into_iter().map(|w| WorkItem {
+            route: WindowRoute::PageCacheDma,
+            window: w,
+        }));
+        items.sort_by_key(|i| (i.window.file, i.window.start));
+        items
+    }
+}

@@ -1,0 +1,289 @@
+//! The read pipeline. Each I/O worker owns a share of the staging slots, a
+//! copy queue and a reader. For a staged window it reads into a free slot and
+//! queues the slot's copies at once; the slot is reused only after the fence
+//! recorded behind those copies has passed, so reads and copies overlap. For
+//! a page-cache DMA window it pins the file's mapped pages and lets the
+//! device copy from them directly. Before a worker returns, every fence it
+//! recorded has been waited for: no copy outlives the memory it reads.
+
+use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
+use crate::plan::{Window, WindowCopy};
+use crate::storage::{BlockReader, IoMode, SourceFile};
+use crate::{Error, ErrorKind, Result};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// How one window's bytes reach the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WindowRoute {
+    Staged(IoMode),
+    PageCacheDma,
+}
+
+/// A unit of work for a worker.
+pub(crate) struct WorkItem {
+    pub window: Window,
+    pub route: WindowRoute,
+}
+
+/// Byte counts one worker moved, by route.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Moved {
+    pub direct: u64,
+    pub buffered: u64,
+    pub page_cache_dma: u64,
+}
+
+/// Reports progress in bytes; called from worker threads.
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
+/// Pins of page-cache DMA windows a worker keeps in flight.
+const MAX_PINS_IN_FLIGHT: usize = 2;
+
+pub(crate) struct Job<'a> {
+    pub device: &'a dyn Device,
+    pub files: &'a [SourceFile],
+    /// Read-only mappings of the files that take the DMA route.
+    pub maps: &'a [Option<crate::hot::FileMapping>],
+    pub items: Vec<WorkItem>,
+    pub progress: Option<Progress<'a>>,
+}
+
+struct Shared<'a> {
+    job: &'a Job<'a>,
+    next: AtomicUsize,
+    abort: AtomicBool,
+}
+
+/// One worker's equipment.
+pub(crate) struct Worker<'s> {
+    pub slots: &'s mut [Box<dyn StagingMemory>],
+    pub queue: Box<dyn CopyQueue>,
+    pub reader: Box<dyn BlockReader>,
+}
+
+enum Held {
+    Slot(usize),
+    /// Held only for its drop, which unpins the pages.
+    Pin {
+        _pin: Box<dyn HostPin>,
+    },
+}
+
+/// Runs `job` on `workers` (one thread each) and returns the bytes moved.
+/// Either every window arrived or an error is returned: never a partial
+/// success.
+pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<Moved> {
+    let shared = Shared {
+        job,
+        next: AtomicUsize::new(0),
+        abort: AtomicBool::new(false),
+    };
+    let first_error: Mutex<Option<Error>> = Mutex::new(None);
+    let mut total = Moved::default();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = workers
+            .into_iter()
+            .map(|w| {
+                let (shared, first_error) = (&shared, &first_error);
+                scope.spawn(move || {
+                    let r = work(shared, w);
+                    if let Err(e) = &r {
+                        shared.abort.store(true, Ordering::Relaxed);
+                        let mut slot = first_error.lock().unwrap();
+                        if slot.is_none() {
+                            *slot = Some(Error::new(e.kind(), e.to_string()));
+                        }
+                    }
+                    r
+                })
+            })
+            .collect();
+        for h in handles {
+            match h.join() {
+                Ok(Ok(m)) => {
+                    total.direct += m.direct;
+                    total.buffered += m.buffered;
+                    total.page_cache_dma += m.page_cache_dma;
+                }
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    first_error.lock().unwrap().get_or_insert_with(|| {
+                        Error::new(ErrorKind::Device, "an I/O worker panicked")
+                    });
+                }
+            }
+        }
+    });
+    match first_error.into_inner().unwrap() {
+        Some(e) => Err(e),
+        None => Ok(total),
+    }
+}
+
+fn work(shared: &Shared<'_>, mut w: Worker<'_>) -> Result<Moved> {
+    let mut free: Vec<usize> = (0..w.slots.len()).collect();
+    let mut pending: VecDeque<(Box<dyn Fence>, Held)> = VecDeque::new();
+    let mut moved = Moved::default();
+    let result = work_items(shared, &mut w, &mut free, &mut pending, &mut moved);
+    // Whatever happened, wait for every queued copy before the slots and
+    // pinned pages can be reused or released.
+    let mut drained = Ok(());
+    for (fence, held) in pending.drain(..) {
+        if let Err(e) = fence.wait() {
+            drained = drained.and(Err(e));
+        }
+        drop(held);
+    }
+    result.and(drained).map(|_| moved)
+}
+
+fn work_items(
+    shared: &Shared<'_>,
+    w: &mut Worker<'_>,
+    free: &mut Vec<usize>,
+    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    moved: &mut Moved,
+) -> Result<()> {
+    let job = shared.job;
+    while !shared.abort.load(Ordering::Relaxed) {
+        let i = shared.next.fetch_add(1, Ordering::Relaxed);
+        let Some(item) = job.items.get(i) else { break };
+        let win = &item.window;
+        let file = &job.files[win.file];
+        match item.route {
+            WindowRoute::Staged(mode) => {
+                let slot = loop {
+                    if let Some(s) = free.pop() {
+                        break s;
+                    }
+                    let (fence, held) = pending.pop_front().expect("a busy slot has a fence");
+                    fence.wait()?;
+                    if let Held::Slot(s) = held {
+                        free.push(s);
+                    }
+                };
+                let used = read_window(w, slot, file, mode, win)?;
+                let base = w.slots[slot].as_mut_ptr();
+                // SAFETY: the slot holds `win.needed` freshly read bytes, and
+                // it stays untouched until the fence below has been waited for
+                // (it is on `pending` and not in `free`).
+                unsafe { queue_copies(w.queue.as_ref(), base, &win.copies)? };
+                pending.push_back((w.queue.record()?, Held::Slot(slot)));
+                match used {
+                    IoMode::Direct => moved.direct += win.payload(),
+                    IoMode::Buffered => moved.buffered += win.payload(),
+                }
+            }
+            WindowRoute::PageCacheDma => {
+                while pending
+                    .iter()
+                    .filter(|(_, h)| matches!(h, Held::Pin { .. }))
+                    .count()
+                    >= MAX_PINS_IN_FLIGHT
+                {
+                    let (fence, held) = pending.pop_front().expect("a pin has a fence");
+                    fence.wait()?;
+                    if let Held::Slot(s) = held {
+                        free.push(s);
+                    }
+                }
+                let map = job.maps[win.file]
+                    .as_ref()
+                    .expect("DMA-route files are mapped");
+                let (ptr, len) = map.range(win.start, win.read_len);
+                crate::hot::populate(ptr, len);
+                // SAFETY: the mapping outlives the job, and the pin is held on
+                // `pending` until the copies' fence has passed.
+                let pin = unsafe { job.device.pin_host(ptr, len)? }.ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Device,
+                        "this device cannot pin host memory for page-cache DMA",
+                    )
+                })?;
+                // SAFETY: the pinned range covers every copy's source, and the
+                // mapping is read-only and outlives the fence.
+                unsafe { queue_copies(w.queue.as_ref(), ptr, &win.copies)? };
+                pending.push_back((w.queue.record()?, Held::Pin { _pin: pin }));
+                moved.page_cache_dma += win.payload();
+            }
+        }
+        if let Some(p) = job.progress {
+            p(win.payload());
+        }
+    }
+    Ok(())
+}
+
+/// Reads `win` into `slot`, falling back to buffered I/O when the file system
+/// refuses an O_DIRECT read. Returns the mode that was used.
+fn read_window(
+    w: &mut Worker<'_>,
+    slot: usize,
+    file: &SourceFile,
+    mode: IoMode,
+    win: &Window,
+) -> Result<IoMode> {
+    let staging = &mut w.slots[slot];
+    assert!(
+        win.read_len as usize <= staging.len(),
+        "window larger than a slot"
+    );
+    // SAFETY: this worker owns the slot exclusively and no copy reads it now
+    // (its last fence has passed), so a unique mutable view is sound.
+    let buf =
+        unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr(), win.read_len as usize) };
+    let mut mode = if mode == IoMode::Direct && file.direct_capable() {
+        IoMode::Direct
+    } else {
+        IoMode::Buffered
+    };
+    let got = loop {
+        match w.reader.read_at(file, mode, win.start, buf) {
+            Ok(n) => break n,
+            Err(e) if mode == IoMode::Direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                file.refuse_direct();
+                mode = IoMode::Buffered;
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    file.path(),
+                    &format!(
+                        "read of {} bytes at offset {} failed in",
+                        win.read_len, win.start
+                    ),
+                    e,
+                ))
+            }
+        }
+    };
+    if (got as u64) < win.needed {
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "{}: file ended at byte {} but {} bytes are needed (truncated while loading?)",
+                file.path().display(),
+                win.start + got as u64,
+                win.start + win.needed
+            ),
+        ));
+    }
+    Ok(mode)
+}
+
+/// # Safety
+/// `base + c.window_offset .. + c.len` must be readable for every copy and
+/// stay unchanged until a fence recorded afterwards has passed.
+unsafe fn queue_copies(
+    queue: &dyn CopyQueue,
+    base: *const u8,
+    copies: &[WindowCopy],
+) -> Result<()> {
+    for c in copies {
+        // SAFETY: forwarded from this function's contract; destinations were
+        // bounds-checked when the plan was built.
+        unsafe { queue.copy_to_device(base.add(c.window_offset as usize), c.dst, c.len as usize)? };
+    }
+    Ok(())
+}

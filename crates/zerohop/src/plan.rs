@@ -1,0 +1,287 @@
+//! Planning: a transfer is a list of [`Extent`]s; the plan groups them into
+//! [`Window`]s, aligned file ranges of at most one staging slot, each with
+//! the copies that scatter its bytes to device memory.
+
+use crate::device::{DeviceAddr, DeviceBuffer};
+use crate::storage::SourceFile;
+use crate::{Error, Result};
+
+/// `len` bytes at `file_offset` of file number `file` go to device address `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub file: usize,
+    pub file_offset: u64,
+    pub len: u64,
+    pub dst: DeviceAddr,
+}
+
+/// One copy out of a window: `len` bytes at `window_offset` go to `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowCopy {
+    pub window_offset: u64,
+    pub len: u64,
+    pub dst: DeviceAddr,
+}
+
+/// An aligned file range read in one go, and the copies it feeds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub file: usize,
+    /// Aligned start of the read.
+    pub start: u64,
+    /// Aligned length of the read (the file may end before it).
+    pub read_len: u64,
+    /// Bytes from `start` the copies need; the read must deliver these.
+    pub needed: u64,
+    pub copies: Vec<WindowCopy>,
+}
+
+impl Window {
+    /// Bytes this window delivers to device memory.
+    pub fn payload(&self) -> u64 {
+        self.copies.iter().map(|c| c.len).sum()
+    }
+}
+
+/// Gaps up to this size between extents are read through rather than
+/// starting a new window: one larger read beats two small ones.
+const MAX_GAP: u64 = 256 << 10;
+
+/// A validated transfer: files, extents (each inside its file and its
+/// destination buffer), and the buffers that keep destinations alive.
+#[derive(Debug, Default)]
+pub struct TransferPlan {
+    extents: Vec<Extent>,
+    buffers: Vec<DeviceBuffer>,
+    bytes: u64,
+}
+
+impl TransferPlan {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `len` bytes of `files[file]` at `file_offset` into `dst` at
+    /// `dst_offset`, checking both ranges.
+    pub fn add(
+        &mut self,
+        files: &[SourceFile],
+        file: usize,
+        file_offset: u64,
+        len: u64,
+        dst: &DeviceBuffer,
+        dst_offset: u64,
+    ) -> Result<()> {
+        let f = files.get(file).ok_or_else(|| {
+            Error::invalid(format!(
+                "extent names file #{file}, but only {} are open",
+                files.len()
+            ))
+        })?;
+        if file_offset.checked_add(len).is_none_or(|end| end > f.len()) {
+            return Err(Error::new(
+                crate::ErrorKind::Io,
+                format!(
+                    "{}: {len} bytes at offset {file_offset} run past the end of the file ({} bytes)",
+                    f.path().display(),
+                    f.len()
+                ),
+            ));
+        }
+        if dst_offset
+            .checked_add(len)
+            .is_none_or(|end| end > dst.len() as u64)
+        {
+            return Err(Error::invalid(format!(
+                "{len} bytes at offset {dst_offset} exceed the {}-byte destination buffer",
+                dst.len()
+            )));
+        }
+        if len > 0 {
+            self.extents.push(Extent {
+                file,
+                file_offset,
+                len,
+                dst: dst.addr() + dst_offset,
+            });
+            self.bytes += len;
+        }
+        if !self
+            .buffers
+            .iter()
+            .any(|b| b.addr() == dst.addr() && b.len() == dst.len())
+        {
+            self.buffers.push(dst.clone());
+        }
+        Ok(())
+    }
+
+    /// Total bytes the transfer moves.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn extents(&self) -> &[Extent] {
+        &self.extents
+    }
+
+    /// Groups the extents into windows of at most `cap` bytes, aligned to
+    /// `align` (both powers of two, `cap >= align`).
+    pub fn windows(&self, cap: u64, align: u64) -> Vec<Window> {
+        windows(&self.extents, cap, align)
+    }
+}
+
+/// See [`TransferPlan::windows`].
+pub fn windows(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
+    assert!(
+        align.is_power_of_two() && cap >= align && cap % align == 0,
+        "bad window geometry"
+    );
+    let mut sorted: Vec<Extent> = extents.iter().copied().filter(|e| e.len > 0).collect();
+    sorted.sort_by_key(|e| (e.file, e.file_offset));
+    let mut out: Vec<Window> = Vec::new();
+    for e in sorted {
+        let (mut pos, mut dst, mut left) = (e.file_offset, e.dst, e.len);
+        while left > 0 {
+            let fits = out.last().is_some_and(|w| {
+                w.file == e.file
+                    && pos >= w.start
+                    && pos < w.start + cap
+                    && pos <= w.start + w.needed + MAX_GAP
+            });
+            if !fits {
+                let start = pos / align * align;
+                out.push(Window {
+                    file: e.file,
+                    start,
+                    read_len: 0,
+                    needed: 0,
+                    copies: Vec::new(),
+                });
+            }
+            let w = out.last_mut().expect("a window exists");
+            let n = left.min(w.start + cap - pos);
+            w.copies.push(WindowCopy {
+                window_offset: pos - w.start,
+                len: n,
+                dst,
+            });
+            w.needed = w.needed.max(pos + n - w.start);
+            w.read_len = w.needed.div_ceil(align) * align;
+            pos += n;
+            dst += n;
+            left -= n;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ext(file: usize, off: u64, len: u64, dst: u64) -> Extent {
+        Extent {
+            file,
+            file_offset: off,
+            len,
+            dst,
+        }
+    }
+
+    /// Every byte of every extent is copied exactly once, from the right file
+    /// position, and windows respect the cap and alignment.
+    fn check(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
+        let ws = windows(extents, cap, align);
+        let mut covered: Vec<(usize, u64, u64, u64)> = Vec::new(); // file, file pos, len, dst
+        for w in &ws {
+            assert_eq!(w.start % align, 0);
+            assert_eq!(w.read_len % align, 0);
+            assert!(w.read_len <= cap && w.needed <= w.read_len);
+            for c in &w.copies {
+                assert!(c.window_offset + c.len <= w.needed);
+                covered.push((w.file, w.start + c.window_offset, c.len, c.dst));
+            }
+        }
+        for e in extents.iter().filter(|e| e.len > 0) {
+            // Walk the extent through the copies that reconstruct it in order.
+            let (mut pos, mut dst, mut left) = (e.file_offset, e.dst, e.len);
+            while left > 0 {
+                let i = covered
+                    .iter()
+                    .position(|&(f, p, _, d)| f == e.file && p == pos && d == dst)
+                    .unwrap_or_else(|| panic!("byte {pos} of {e:?} not copied"));
+                let (_, _, n, _) = covered.swap_remove(i);
+                pos += n;
+                dst += n;
+                left -= n;
+            }
+        }
+        assert!(covered.is_empty(), "extra copies: {covered:?}");
+        ws
+    }
+
+    #[test]
+    fn one_large_extent_is_cut_into_slot_sized_windows() {
+        let ws = check(&[ext(0, 100, 10_000, 1 << 20)], 4096, 512);
+        assert_eq!(ws.len(), 3);
+        assert_eq!(ws[0].start, 0);
+    }
+
+    #[test]
+    fn adjacent_small_extents_share_a_window() {
+        let es: Vec<_> = (0..10)
+            .map(|i| ext(0, i * 100, 100, 50_000 + i * 1000))
+            .collect();
+        let ws = check(&es, 1 << 20, 4096);
+        assert_eq!(ws.len(), 1);
+        assert_eq!(ws[0].copies.len(), 10);
+    }
+
+    #[test]
+    fn far_apart_extents_and_files_get_their_own_windows() {
+        let ws = check(
+            &[
+                ext(0, 0, 10, 0),
+                ext(0, 10 << 20, 10, 100),
+                ext(1, 0, 10, 200),
+            ],
+            1 << 20,
+            4096,
+        );
+        assert_eq!(ws.len(), 3);
+    }
+
+    #[test]
+    fn zero_length_and_unaligned_and_overlapping_extents() {
+        check(
+            &[
+                ext(0, 3, 0, 0),
+                ext(0, 4097, 5000, 10_000),
+                ext(0, 5000, 3, 90_000),
+                ext(2, 123_457, 70_001, 200_000),
+            ],
+            8192,
+            4096,
+        );
+    }
+
+    #[test]
+    fn pseudo_random_extent_sets() {
+        let mut r = 0x1234_5678_9abc_def1u64;
+        let mut next = |m: u64| {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            r % m
+        };
+        for _ in 0..200 {
+            let n = 1 + next(40);
+            let es: Vec<_> = (0..n)
+                .map(|i| ext(next(3) as usize, next(1 << 22), next(300_000), i << 24))
+                .collect();
+            check(&es, 1 << (13 + next(8)), 1 << (9 + next(4)));
+        }
+    }
+}

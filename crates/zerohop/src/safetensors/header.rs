@@ -1,0 +1,452 @@
+use crate::storage::SourceFile;
+use crate::{Error, Result};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// Headers larger than this are refused (the reference implementation's
+/// limit): a hostile length must not make us allocate gigabytes.
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Element types with whole-byte sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[allow(non_camel_case_types)]
+pub enum Dtype {
+    BOOL,
+    U8,
+    I8,
+    F8_E5M2,
+    F8_E4M3,
+    F8_E8M0,
+    I16,
+    U16,
+    F16,
+    BF16,
+    I32,
+    U32,
+    F32,
+    C64,
+    F64,
+    I64,
+    U64,
+}
+
+impl Dtype {
+    const ALL: [Dtype; 17] = [
+        Dtype::BOOL,
+        Dtype::U8,
+        Dtype::I8,
+        Dtype::F8_E5M2,
+        Dtype::F8_E4M3,
+        Dtype::F8_E8M0,
+        Dtype::I16,
+        Dtype::U16,
+        Dtype::F16,
+        Dtype::BF16,
+        Dtype::I32,
+        Dtype::U32,
+        Dtype::F32,
+        Dtype::C64,
+        Dtype::F64,
+        Dtype::I64,
+        Dtype::U64,
+    ];
+
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        use Dtype::*;
+        match self {
+            BOOL | U8 | I8 | F8_E5M2 | F8_E4M3 | F8_E8M0 => 1,
+            I16 | U16 | F16 | BF16 => 2,
+            I32 | U32 | F32 => 4,
+            C64 | F64 | I64 | U64 => 8,
+        }
+    }
+
+    /// The name used in headers.
+    pub fn name(self) -> &'static str {
+        use Dtype::*;
+        match self {
+            BOOL => "BOOL",
+            U8 => "U8",
+            I8 => "I8",
+            F8_E5M2 => "F8_E5M2",
+            F8_E4M3 => "F8_E4M3",
+            F8_E8M0 => "F8_E8M0",
+            I16 => "I16",
+            U16 => "U16",
+            F16 => "F16",
+            BF16 => "BF16",
+            I32 => "I32",
+            U32 => "U32",
+            F32 => "F32",
+            C64 => "C64",
+            F64 => "F64",
+            I64 => "I64",
+            U64 => "U64",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Dtype> {
+        Dtype::ALL.into_iter().find(|d| d.name() == s)
+    }
+}
+
+/// One tensor's entry; offsets are relative to the data section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub begin: u64,
+    pub end: u64,
+}
+
+impl TensorInfo {
+    pub fn len(&self) -> u64 {
+        self.end - self.begin
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.begin == self.end
+    }
+}
+
+/// A validated header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Tensors in file order.
+    pub tensors: Vec<TensorInfo>,
+    pub metadata: BTreeMap<String, String>,
+    /// File offset of the data section (8 + header length).
+    pub data_start: u64,
+    /// Bytes in the data section.
+    pub data_len: u64,
+}
+
+/// Reads and validates the header of an open file.
+pub fn read_header(file: &SourceFile) -> Result<Header> {
+    let ctx = |e: Error| e.context(file.path().display());
+    let mut len = [0u8; 8];
+    if file.len() < 8 {
+        return Err(ctx(Error::format(format!(
+            "not a safetensors file: {} bytes is shorter than the 8-byte length prefix",
+            file.len()
+        ))));
+    }
+    file.read_exact_at(&mut len, 0)?;
+    let n = header_len(u64::from_le_bytes(len), file.len()).map_err(ctx)?;
+    let mut bytes = vec![0u8; 8 + n as usize];
+    file.read_exact_at(&mut bytes, 0)?;
+    parse_header(&bytes, file.len()).map_err(ctx)
+}
+
+fn header_len(n: u64, file_len: u64) -> Result<u64> {
+    if n > MAX_HEADER_BYTES {
+        return Err(Error::format(format!(
+            "header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit"
+        )));
+    }
+    if 8 + n > file_len {
+        return Err(Error::format(format!(
+            "header length {n} runs past the end of the file ({file_len} bytes): truncated file?"
+        )));
+    }
+    Ok(n)
+}
+
+/// Parses a header from `bytes`, which starts at file offset 0 and holds at
+/// least the 8-byte prefix and the header; `file_len` is the whole file's
+/// length, against which every tensor is checked.
+pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
+    let prefix: [u8; 8] = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| {
+            Error::format("not a safetensors file: shorter than the 8-byte length prefix")
+        })?;
+    let n = header_len(u64::from_le_bytes(prefix), file_len)?;
+    let json = bytes
+        .get(8..8 + n as usize)
+        .ok_or_else(|| Error::format(format!("header of {n} bytes is incomplete")))?;
+    let root: Map<String, Value> = serde_json::from_slice(json).map_err(|e| {
+        Error::with_source(crate::ErrorKind::Format, "header is not a JSON object", e)
+    })?;
+    let data_start = 8 + n;
+    let data_len = file_len - data_start;
+    let mut metadata = BTreeMap::new();
+    let mut tensors = Vec::with_capacity(root.len());
+    for (name, v) in root {
+        if name == "__metadata__" {
+            metadata = parse_metadata(&v)?;
+        } else {
+            tensors.push(parse_entry(name, &v, data_len)?);
+        }
+    }
+    tensors.sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));
+    let mut expected = 0u64;
+    for (i, t) in tensors.iter().enumerate() {
+        if t.begin < expected {
+            let prev = &tensors[i - 1];
+            return Err(Error::format(format!(
+                "tensors {:?} [{}, {}) and {:?} [{}, {}) overlap",
+                prev.name, prev.begin, prev.end, t.name, t.begin, t.end
+            )));
+        }
+        if t.begin > expected {
+            return Err(Error::format(format!(
+                "gap in the data section: bytes [{expected}, {}) before tensor {:?} belong to no tensor",
+                t.begin, t.name
+            )));
+        }
+        expected = t.end;
+    }
+    if expected != data_len {
+        return Err(Error::format(format!(
+            "the data section has {data_len} bytes but the tensors cover {expected}"
+        )));
+    }
+    Ok(Header {
+        tensors,
+        metadata,
+        data_start,
+        data_len,
+    })
+}
+
+fn parse_metadata(v: &Value) -> Result<BTreeMap<String, String>> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| Error::format("__metadata__ must be an object of strings"))?;
+    obj.iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k.clone(), s.clone())),
+            _ => Err(Error::format(format!(
+                "__metadata__ value for {k:?} is not a string"
+            ))),
+        })
+        .collect()
+}
+
+fn parse_entry(name: String, v: &Value, data_len: u64) -> Result<TensorInfo> {
+    let bad = |what: &str| Error::format(format!("tensor {name:?}: {what}"));
+    let obj = v.as_object().ok_or_else(|| bad("entry is not an object"))?;
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !["dtype", "shape", "data_offsets"].contains(&k.as_str()))
+    {
+        return Err(bad(&format!("unknown field {k:?}")));
+    }
+    let dtype_name = obj
+        .get("dtype")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("missing or non-string dtype"))?;
+    let dtype = Dtype::parse(dtype_name)
+        .ok_or_else(|| bad(&format!("unsupported dtype {dtype_name:?}")))?;
+    let ints = |key: &str| -> Result<Vec<u64>> {
+        obj.get(key)
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad(&format!("missing or non-array {key}")))?
+            .iter()
+            .map(|x| {
+                x.as_u64().ok_or_else(|| {
+                    bad(&format!(
+                        "{key} holds a value that is not a non-negative integer"
+                    ))
+                })
+            })
+            .collect()
+    };
+    let shape = ints("shape")?;
+    let offsets = ints("data_offsets")?;
+    let [begin, end] = offsets[..] else {
+        return Err(bad("data_offsets must hold exactly two integers"));
+    };
+    if begin > end {
+        return Err(bad(&format!("data_offsets [{begin}, {end}] are reversed")));
+    }
+    if end > data_len {
+        return Err(bad(&format!(
+            "data_offsets end {end} lies past the end of the data section ({data_len} bytes): truncated file?"
+        )));
+    }
+    let bytes = shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| bad("shape is too large"))?;
+    if bytes != end - begin {
+        return Err(bad(&format!(
+            "{} with shape {shape:?} needs {bytes} bytes but data_offsets span {}",
+            dtype.name(),
+            end - begin
+        )));
+    }
+    Ok(TensorInfo {
+        name,
+        dtype,
+        shape,
+        begin,
+        end,
+    })
+}
+
+/// Serializes a header for `tensors` (in data order, contiguous from 0),
+/// padded with spaces so the data section starts 8-byte aligned. Returns the
+/// bytes to write at file offset 0.
+pub fn serialize_header(tensors: &[TensorInfo], metadata: &BTreeMap<String, String>) -> Vec<u8> {
+    let mut root = Map::new();
+    if !metadata.is_empty() {
+        root.insert(
+            "__metadata__".into(),
+            serde_json::to_value(metadata).expect("strings serialize"),
+        );
+    }
+    for t in tensors {
+        root.insert(
+            t.name.clone(),
+            serde_json::json!({ "dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [t.begin, t.end] }),
+        );
+    }
+    let mut json = serde_json::to_vec(&Value::Object(root)).expect("a JSON value serializes");
+    while (8 + json.len()) % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&json);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(json: &str, data: usize) -> (Vec<u8>, u64) {
+        let mut b = (json.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(json.as_bytes());
+        let len = b.len() as u64 + data as u64;
+        (b, len)
+    }
+
+    fn err(json: &str, data: usize) -> String {
+        let (b, len) = file(json, data);
+        parse_header(&b, len).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn valid_header_parses_with_metadata_and_zero_size_tensor() {
+        let (b, len) = file(
+            r#"{"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2,3],"data_offsets":[4,16]},
+               "a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"z":{"dtype":"U8","shape":[0],"data_offsets":[16,16]}}"#,
+            16,
+        );
+        let h = parse_header(&b, len).unwrap();
+        assert_eq!(
+            h.tensors
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>(),
+            ["a", "b", "z"]
+        );
+        assert_eq!(h.metadata["format"], "pt");
+        assert_eq!(h.data_len, 16);
+        assert!(h.tensors[2].is_empty());
+    }
+
+    #[test]
+    fn each_violation_has_a_clear_error() {
+        assert!(err(
+            r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            4
+        )
+        .contains("past the end"));
+        assert!(err(
+            r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+            8
+        )
+        .contains("needs 12 bytes"));
+        assert!(err(
+            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#,
+            6
+        )
+        .contains("overlap"));
+        assert!(err(
+            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#,
+            6
+        )
+        .contains("gap"));
+        assert!(err(
+            r#"{"a":{"dtype":"Q4","shape":[4],"data_offsets":[0,4]}}"#,
+            4
+        )
+        .contains("unsupported dtype"));
+        assert!(err(
+            r#"{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,4]}}"#,
+            4
+        )
+        .contains("non-negative"));
+        assert!(err(
+            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[4,0]}}"#,
+            4
+        )
+        .contains("reversed"));
+        assert!(err(
+            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4],"x":1}}"#,
+            4
+        )
+        .contains("unknown field"));
+        assert!(err(
+            r#"{"a":{"dtype":"U8","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}}"#,
+            4
+        )
+        .contains("too large"));
+        assert!(err(r#"[1,2]"#, 0).contains("not a JSON object"));
+        assert!(err(
+            r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#,
+            4
+        )
+        .contains("cover 2"));
+        assert!(err(r#"{"__metadata__":{"k":1}}"#, 0).contains("not a string"));
+    }
+
+    #[test]
+    fn hostile_lengths_are_refused_without_allocating() {
+        let mut b = u64::MAX.to_le_bytes().to_vec();
+        b.push(b'{');
+        assert!(parse_header(&b, 9)
+            .unwrap_err()
+            .to_string()
+            .contains("exceeds"));
+        let b = 100u64.to_le_bytes();
+        assert!(parse_header(&b, 50)
+            .unwrap_err()
+            .to_string()
+            .contains("past the end of the file"));
+        assert!(parse_header(&[1, 2], 2).is_err());
+    }
+
+    #[test]
+    fn serialize_round_trips_and_aligns_data() {
+        let ts = vec![
+            TensorInfo {
+                name: "w".into(),
+                dtype: Dtype::BF16,
+                shape: vec![3, 5],
+                begin: 0,
+                end: 30,
+            },
+            TensorInfo {
+                name: "e".into(),
+                dtype: Dtype::F8_E4M3,
+                shape: vec![0],
+                begin: 30,
+                end: 30,
+            },
+        ];
+        let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+        let b = serialize_header(&ts, &meta);
+        assert_eq!(b.len() % 8, 0);
+        let h = parse_header(&b, b.len() as u64 + 30).unwrap();
+        assert_eq!(h.metadata, meta);
+        assert_eq!(h.tensors.len(), 2);
+        assert_eq!(h.data_start, b.len() as u64);
+    }
+}

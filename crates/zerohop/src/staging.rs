@@ -1,0 +1,76 @@
+//! A fixed pool of staging slots per device: allocated once, never per
+//! request, so host memory stays bounded whatever the model size.
+
+use crate::device::{Device, StagingMemory};
+use crate::storage::DIRECT_ALIGN;
+use crate::{Error, Result};
+
+/// Size of the staging pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StagingConfig {
+    /// Total bytes of pinned host memory (default 256 MiB).
+    pub total_bytes: usize,
+    /// Bytes per slot: one read fills one slot (default 8 MiB).
+    pub slot_bytes: usize,
+}
+
+impl Default for StagingConfig {
+    fn default() -> Self {
+        StagingConfig {
+            total_bytes: 256 << 20,
+            slot_bytes: 8 << 20,
+        }
+    }
+}
+
+impl StagingConfig {
+    /// Checks the geometry: slots aligned for O_DIRECT, at least two of them.
+    pub fn validate(&self) -> Result<()> {
+        if self.slot_bytes == 0 || self.slot_bytes % DIRECT_ALIGN as usize != 0 {
+            return Err(Error::invalid(format!(
+                "staging slot size {} must be a positive multiple of {DIRECT_ALIGN}",
+                self.slot_bytes
+            )));
+        }
+        if self.total_bytes < 2 * self.slot_bytes {
+            return Err(Error::invalid(format!(
+                "staging total {} must hold at least two slots of {} bytes",
+                self.total_bytes, self.slot_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn slot_count(&self) -> usize {
+        self.total_bytes / self.slot_bytes
+    }
+}
+
+/// The slots themselves.
+pub struct StagingPool {
+    config: StagingConfig,
+    slots: Vec<Box<dyn StagingMemory>>,
+}
+
+impl StagingPool {
+    pub fn new(device: &dyn Device, config: StagingConfig) -> Result<Self> {
+        config.validate()?;
+        let slots = (0..config.slot_count())
+            .map(|_| device.alloc_staging(config.slot_bytes))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(StagingPool { config, slots })
+    }
+
+    pub fn config(&self) -> StagingConfig {
+        self.config
+    }
+
+    /// Bytes of host memory held by the pool.
+    pub fn bytes(&self) -> u64 {
+        self.slots.iter().map(|s| s.len() as u64).sum()
+    }
+
+    pub(crate) fn slots_mut(&mut self) -> &mut [Box<dyn StagingMemory>] {
+        &mut self.slots
+    }
+}

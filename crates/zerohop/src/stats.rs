@@ -1,0 +1,93 @@
+//! What every transfer reports: bytes, time, rate, the path taken, host
+//! memory used and CPU spent.
+
+use std::time::Instant;
+
+/// How the bytes travelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Route {
+    /// Read into pinned staging slots, then copied to the device.
+    Staged,
+    /// The file's page-cache pages mapped, registered read-only and copied by
+    /// the GPU straight from there: no CPU copy.
+    PageCacheDma,
+}
+
+/// Statistics of one transfer.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TransferStats {
+    pub device: String,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub gbps: f64,
+    /// Human-readable summary of the path(s) taken.
+    pub path: String,
+    /// Read backend used for staged reads (`io_uring` or `pread`).
+    pub backend: String,
+    /// Bytes read with O_DIRECT into staging slots.
+    pub direct_bytes: u64,
+    /// Bytes read through the page cache into staging slots.
+    pub buffered_bytes: u64,
+    /// Bytes the GPU copied straight from registered page-cache pages.
+    pub page_cache_dma_bytes: u64,
+    /// Host staging memory held during the transfer.
+    pub staging_bytes: u64,
+    pub io_threads: usize,
+    pub files: usize,
+    pub windows: usize,
+    /// User + system CPU time of the process during the transfer.
+    pub cpu_seconds: f64,
+    pub cpu_seconds_per_gb: f64,
+}
+
+impl TransferStats {
+    pub(crate) fn finish(&mut self, started: Instant, cpu_before: f64) {
+        self.seconds = started.elapsed().as_secs_f64();
+        self.gbps = if self.seconds > 0.0 {
+            self.bytes as f64 / self.seconds / 1e9
+        } else {
+            0.0
+        };
+        self.cpu_seconds = (cpu_seconds() - cpu_before).max(0.0);
+        self.cpu_seconds_per_gb = if self.bytes > 0 {
+            self.cpu_seconds / (self.bytes as f64 / 1e9)
+        } else {
+            0.0
+        };
+        let mut parts = Vec::new();
+        if self.direct_bytes > 0 {
+            parts.push(format!(
+                "staged ({} O_DIRECT -> pinned slots -> async copy)",
+                self.backend
+            ));
+        }
+        if self.buffered_bytes > 0 {
+            parts.push(format!(
+                "staged ({} buffered -> pinned slots -> async copy)",
+                self.backend
+            ));
+        }
+        if self.page_cache_dma_bytes > 0 {
+            parts.push(
+                "page-cache DMA (mmap + read-only registration -> async copy, no CPU copy)".into(),
+            );
+        }
+        if parts.is_empty() {
+            parts.push("nothing to move".into());
+        }
+        self.path = parts.join(" + ");
+    }
+}
+
+/// CPU seconds (user + system) used by this process so far.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage struct.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}

@@ -1,0 +1,67 @@
+use super::{BlockReader, IoMode, ReadBackend, SourceFile};
+use std::io;
+use std::sync::Arc;
+
+/// A fault to inject into reads that cover a file offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The read fails with EIO.
+    Eio { at: u64 },
+    /// The file appears to end at `at`: reads return fewer bytes, as a file
+    /// truncated under us would.
+    ShortRead { at: u64 },
+}
+
+/// Wraps a backend and injects [`Fault`]s (tests and fault drills).
+pub struct FaultyBackend {
+    inner: Arc<dyn ReadBackend>,
+    faults: Vec<Fault>,
+}
+
+impl FaultyBackend {
+    pub fn new(inner: Arc<dyn ReadBackend>, faults: Vec<Fault>) -> Self {
+        FaultyBackend { inner, faults }
+    }
+}
+
+impl ReadBackend for FaultyBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn reader(&self) -> io::Result<Box<dyn BlockReader>> {
+        Ok(Box::new(FaultyReader {
+            inner: self.inner.reader()?,
+            faults: self.faults.clone(),
+        }))
+    }
+}
+
+struct FaultyReader {
+    inner: Box<dyn BlockReader>,
+    faults: Vec<Fault>,
+}
+
+impl BlockReader for FaultyReader {
+    fn read_at(
+        &mut self,
+        file: &SourceFile,
+        mode: IoMode,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize> {
+        let end = offset + buf.len() as u64;
+        let mut limit = buf.len();
+        for f in &self.faults {
+            match *f {
+                Fault::Eio { at } if (offset..end).contains(&at) => {
+                    return Err(io::Error::from_raw_os_error(libc::EIO))
+                }
+                Fault::ShortRead { at } if at < end => {
+                    limit = limit.min(at.saturating_sub(offset) as usize)
+                }
+                _ => {}
+            }
+        }
+        self.inner.read_at(file, mode, offset, &mut buf[..limit])
+    }
+}

@@ -1,0 +1,61 @@
+//! The storage side: opened source files and interchangeable read backends
+//! (io_uring, a plain `pread` loop, and a fault-injecting wrapper for tests).
+
+mod fault;
+mod file;
+mod psync;
+mod uring;
+
+pub use fault::{Fault, FaultyBackend};
+pub use file::{IoMode, SourceFile};
+pub use psync::PreadBackend;
+pub use uring::UringBackend;
+
+use std::io;
+use std::sync::Arc;
+
+/// Alignment used for O_DIRECT offsets, lengths and buffers. 4 KiB satisfies
+/// every common logical block size (512 B and 4 KiB).
+pub const DIRECT_ALIGN: u64 = 4096;
+
+/// Which backend to read with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// io_uring when the kernel allows it, else `pread`.
+    Auto,
+    IoUring,
+    Pread,
+}
+
+/// A way of reading files; each I/O worker gets its own [`BlockReader`].
+pub trait ReadBackend: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn reader(&self) -> io::Result<Box<dyn BlockReader>>;
+}
+
+/// One worker's reader.
+pub trait BlockReader: Send {
+    /// Fills `buf` from `offset`, stopping early only at end of file.
+    /// Returns the number of bytes read. With `IoMode::Direct`, `offset`,
+    /// `buf.len()` and the buffer address are multiples of [`DIRECT_ALIGN`].
+    fn read_at(
+        &mut self,
+        file: &SourceFile,
+        mode: IoMode,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize>;
+}
+
+/// Picks a backend: io_uring if asked or available, else `pread`.
+pub fn backend(kind: BackendKind) -> io::Result<Arc<dyn ReadBackend>> {
+    match kind {
+        BackendKind::Pread => Ok(Arc::new(PreadBackend)),
+        BackendKind::IoUring => Ok(Arc::new(UringBackend::probe()?)),
+        BackendKind::Auto => Ok(match UringBackend::probe() {
+            Ok(b) => Arc::new(b),
+            Err(_) => Arc::new(PreadBackend),
+        }),
+    }
+}
