@@ -55,6 +55,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`zerohop ... | head`), like other Unix
+    // tools, instead of panicking inside println!.
+    // SAFETY: restoring the default disposition of one signal at start-up,
+    // before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { path, json } => info::run(path.as_deref(), json),

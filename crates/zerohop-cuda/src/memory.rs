@@ -181,6 +181,8 @@ pub struct HostRegistration {
 // SAFETY: holds only the address of the registered range; unregistering from
 // another thread is allowed by the driver.
 unsafe impl Send for HostRegistration {}
+// SAFETY: `&HostRegistration` exposes only lengths; nothing is mutated.
+unsafe impl Sync for HostRegistration {}
 
 impl HostRegistration {
     /// Page-locks `len` bytes at `ptr` so the GPU can read them directly.

@@ -3,8 +3,8 @@
 
 use crate::device::{Device, DeviceBuffer};
 use crate::hot::FileMapping;
-use crate::pipeline::{self, Job, Progress, WindowRoute, WorkItem, Worker};
-use crate::plan::{windows, Extent, TransferPlan};
+use crate::pipeline::{self, Job, Moved, Progress, WindowRoute, WorkItem, Worker};
+use crate::plan::{split_extents, windows, Extent, TransferPlan};
 use crate::staging::{StagingConfig, StagingPool};
 use crate::stats::TransferStats;
 use crate::storage::{self, BackendKind, IoMode, ReadBackend, SourceFile, DIRECT_ALIGN};
@@ -29,7 +29,7 @@ pub enum DirectIo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HotRoute {
-    /// Page-cache DMA where the device supports it, else staged buffered reads.
+    /// Whichever of the two the engine measures faster on this machine.
     Auto,
     /// CPU copies from the page cache into staging slots.
     Staged,
@@ -50,20 +50,32 @@ pub struct EngineConfig {
     pub dma_window_bytes: usize,
     /// A file counts as hot when at least this fraction of it is cached.
     pub hot_threshold: f64,
+    /// Hot bytes each route moves while `HotRoute::Auto` measures which is
+    /// faster (needs 4x this much hot data to measure).
+    pub hot_probe_bytes: u64,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             staging: StagingConfig::default(),
-            io_threads: crate::probe::cpus().clamp(2, 8),
+            io_threads: crate::probe::cpus().clamp(2, 16),
             backend: BackendKind::Auto,
             direct_io: DirectIo::Auto,
             hot_route: HotRoute::Auto,
             dma_window_bytes: 64 << 20,
             hot_threshold: 0.98,
+            hot_probe_bytes: 512 << 20,
         }
     }
+}
+
+/// How a file's bytes travel, before the hot route is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileRoute {
+    Fixed(WindowRoute),
+    /// In the page cache, with `HotRoute::Auto`: the engine's measured choice.
+    Hot,
 }
 
 /// Moves bytes from files into one device's memory.
@@ -72,6 +84,8 @@ pub struct Engine {
     pool: Mutex<StagingPool>,
     backend: Arc<dyn ReadBackend>,
     config: EngineConfig,
+    /// The hot route measured faster, once measured.
+    hot_choice: Mutex<Option<WindowRoute>>,
 }
 
 impl Engine {
@@ -103,6 +117,7 @@ impl Engine {
             pool: Mutex::new(pool),
             backend,
             config,
+            hot_choice: Mutex::new(None),
         })
     }
 
@@ -143,6 +158,11 @@ impl Engine {
 
     /// Runs a planned transfer. Returns only when every byte has arrived (or
     /// with the first error; partial success is never reported).
+    ///
+    /// With `HotRoute::Auto`, the first transfer that has enough hot bytes
+    /// measures both hot routes on its own bytes (a probe's worth each,
+    /// staged then page-cache DMA), moves the rest by the faster one, and
+    /// remembers the choice for later transfers.
     pub fn transfer(
         &self,
         files: &[SourceFile],
@@ -152,19 +172,112 @@ impl Engine {
         let started = Instant::now();
         let cpu_before = crate::stats::cpu_seconds();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        let slot_bytes = pool.config().slot_bytes as u64;
-        let routes: Vec<WindowRoute> = files.iter().map(|f| self.route_for(f)).collect();
-
-        let mut maps = Vec::with_capacity(files.len());
-        for (f, r) in files.iter().zip(&routes) {
-            maps.push(match r {
-                WindowRoute::PageCacheDma if !f.is_empty() => Some(FileMapping::new(f)?),
-                _ => None,
-            });
+        let routes: Vec<FileRoute> = files.iter().map(|f| self.route_for(f)).collect();
+        let chosen = *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner());
+        let (hot, other): (Vec<Extent>, Vec<Extent>) = plan
+            .extents()
+            .iter()
+            .partition(|e| routes[e.file] == FileRoute::Hot);
+        let hot_bytes: u64 = hot.iter().map(|e| e.len).sum();
+        let probe = self.config.hot_probe_bytes;
+        let mut phases: Vec<(Vec<Extent>, Option<WindowRoute>)> = Vec::new();
+        let mut notes = Vec::new();
+        let mut moved = Moved::default();
+        let mut windows = 0;
+        let mut threads = 0;
+        let fixed = |r: FileRoute| match r {
+            FileRoute::Fixed(w) => w,
+            FileRoute::Hot => unreachable!("hot files get a phase route"),
+        };
+        match chosen {
+            Some(route) => phases.push((plan.extents().to_vec(), Some(route))),
+            None if hot_bytes >= 4 * probe => {
+                let (a, rest) = split_extents(&hot, probe);
+                let (b, rest) = split_extents(&rest, probe);
+                let probe = |extents: Vec<Extent>,
+                             route,
+                             pool: &mut StagingPool,
+                             m: &mut Moved|
+                 -> Result<f64> {
+                    let t = Instant::now();
+                    let (mv, _, _, _) =
+                        self.run_phase(files, &extents, |_| route, pool, progress)?;
+                    m.add(mv);
+                    Ok(probe as f64 / t.elapsed().as_secs_f64() / 1e9)
+                };
+                let staged = probe(
+                    a,
+                    WindowRoute::Staged(IoMode::Buffered),
+                    &mut pool,
+                    &mut moved,
+                )?;
+                let dma = probe(b, WindowRoute::PageCacheDma, &mut pool, &mut moved)?;
+                let route = if dma > staged {
+                    WindowRoute::PageCacheDma
+                } else {
+                    WindowRoute::Staged(IoMode::Buffered)
+                };
+                notes.push(format!(
+                    "hot route measured on this transfer: staged {staged:.1} GB/s, page-cache DMA {dma:.1} GB/s; chose {}",
+                    if dma > staged { "page-cache DMA" } else { "staged" }
+                ));
+                *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) = Some(route);
+                phases.push((rest.into_iter().chain(other).collect(), Some(route)));
+            }
+            // Too little hot data to measure: the staged route, which does
+            // not pin page-cache pages, and won on the reference machine.
+            None => phases.push((
+                plan.extents().to_vec(),
+                Some(WindowRoute::Staged(IoMode::Buffered)),
+            )),
         }
-        let items = self.work_items(plan.extents(), &routes, slot_bytes);
-        let windows = items.len();
+        for (extents, hot_route) in phases {
+            let route_of = |f: usize| match routes[f] {
+                FileRoute::Hot => hot_route.expect("a hot route is set"),
+                r => fixed(r),
+            };
+            let (mv, w, t, n) = self.run_phase(files, &extents, route_of, &mut pool, progress)?;
+            moved.add(mv);
+            windows += w;
+            threads = threads.max(t);
+            notes.extend(n);
+        }
+        let mut stats = TransferStats {
+            device: self.device.describe(),
+            bytes: plan.bytes(),
+            backend: self.backend.name().to_string(),
+            direct_bytes: moved.direct,
+            buffered_bytes: moved.buffered,
+            page_cache_dma_bytes: moved.page_cache_dma,
+            staging_bytes: pool.bytes(),
+            io_threads: threads,
+            files: files.len(),
+            windows,
+            notes,
+            ..Default::default()
+        };
+        debug_assert_eq!(
+            moved.direct + moved.buffered + moved.page_cache_dma,
+            plan.bytes()
+        );
+        stats.finish(started, cpu_before);
+        Ok(stats)
+    }
 
+    /// One pipeline run over `extents`, each file taking `route_of(file)`.
+    /// Returns bytes moved, windows, I/O threads and notes.
+    fn run_phase(
+        &self,
+        files: &[SourceFile],
+        extents: &[Extent],
+        route_of: impl Fn(usize) -> WindowRoute,
+        pool: &mut StagingPool,
+        progress: Option<Progress<'_>>,
+    ) -> Result<(Moved, usize, usize, Vec<String>)> {
+        let mut routes: Vec<WindowRoute> = (0..files.len()).map(route_of).collect();
+        let (maps, notes) = self.map_dma_files(files, extents, &mut routes);
+        let items = self.work_items(extents, &routes, pool.config().slot_bytes as u64);
+        let windows = items.len();
         let slots = pool.slots_mut();
         let threads = self
             .config
@@ -195,39 +308,17 @@ impl Engine {
             progress,
         };
         let moved = pipeline::run(&job, workers)?;
-
-        let mut stats = TransferStats {
-            device: self.device.describe(),
-            bytes: plan.bytes(),
-            backend: self.backend.name().to_string(),
-            direct_bytes: moved.direct,
-            buffered_bytes: moved.buffered,
-            page_cache_dma_bytes: moved.page_cache_dma,
-            staging_bytes: pool.bytes(),
-            io_threads: threads,
-            files: files.len(),
-            windows,
-            ..Default::default()
-        };
-        debug_assert_eq!(
-            moved.direct + moved.buffered + moved.page_cache_dma,
-            plan.bytes()
-        );
-        stats.finish(started, cpu_before);
-        Ok(stats)
+        Ok((moved, windows, threads, notes))
     }
 
-    /// The route for a file: page-cache DMA for hot files (per
+    /// The route for a file: `Hot` for files in the page cache (per
     /// `hot_route`), else staged reads, O_DIRECT per `direct_io`.
-    fn route_for(&self, f: &SourceFile) -> WindowRoute {
+    fn route_for(&self, f: &SourceFile) -> FileRoute {
         let hot = f.resident_fraction() >= self.config.hot_threshold;
-        let dma = match self.config.hot_route {
-            HotRoute::Staged => false,
-            HotRoute::PageCacheDma => true,
-            HotRoute::Auto => hot,
-        };
-        if dma {
-            return WindowRoute::PageCacheDma;
+        match self.config.hot_route {
+            HotRoute::PageCacheDma => return FileRoute::Fixed(WindowRoute::PageCacheDma),
+            HotRoute::Auto if hot => return FileRoute::Hot,
+            _ => {}
         }
         let direct = f.direct_capable()
             && match self.config.direct_io {
@@ -235,11 +326,46 @@ impl Engine {
                 DirectIo::Always => true,
                 DirectIo::Auto => !hot,
             };
-        WindowRoute::Staged(if direct {
+        FileRoute::Fixed(WindowRoute::Staged(if direct {
             IoMode::Direct
         } else {
             IoMode::Buffered
-        })
+        }))
+    }
+
+    /// Maps every DMA-route file. A file that cannot be mapped takes the
+    /// staged route instead, and a note says so.
+    fn map_dma_files(
+        &self,
+        files: &[SourceFile],
+        extents: &[Extent],
+        routes: &mut [WindowRoute],
+    ) -> (Vec<Option<FileMapping>>, Vec<String>) {
+        let mut used = vec![false; files.len()];
+        for e in extents {
+            used[e.file] = true;
+        }
+        let mut notes = Vec::new();
+        let maps = files
+            .iter()
+            .zip(routes.iter_mut())
+            .zip(used)
+            .map(|((f, r), used)| {
+                if *r != WindowRoute::PageCacheDma || f.is_empty() || !used {
+                    return None;
+                }
+                FileMapping::new(f)
+                    .map_err(|e| {
+                        notes.push(format!(
+                            "{}: page-cache DMA unavailable ({e}); staged instead",
+                            f.path().display()
+                        ));
+                        *r = WindowRoute::Staged(IoMode::Buffered);
+                    })
+                    .ok()
+            })
+            .collect();
+        (maps, notes)
     }
 
     fn work_items(

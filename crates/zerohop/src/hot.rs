@@ -1,7 +1,10 @@
 //! The zero-hop route for hot data: a file already in the page cache is
-//! mapped read-only, its pages are pinned (host-registered read-only) window
-//! by window, and the GPU copies straight from them. No CPU copy touches the
-//! bytes.
+//! mapped read-only, each window's pages are pinned (host-registered
+//! read-only) while its copies run, and the GPU copies straight from them.
+//! No CPU copy touches the bytes. Pinning per window, rather than the whole
+//! file in one call, overlaps pinning with copying and bounds what is pinned:
+//! on the reference machine it ran at ~13 GB/s against ~9 GB/s for one
+//! whole-file registration (2026-11-30, bench/results).
 
 use crate::storage::SourceFile;
 use crate::{Error, Result};
@@ -74,12 +77,12 @@ impl Drop for FileMapping {
     }
 }
 
-/// Faults the range's pages in before registration, so the (single-threaded
-/// per call) registration only pins. Errors are ignored: registration faults
-/// the pages itself when this is unsupported (kernels before 5.14).
+/// Maps a window's pages into our page tables before registration, which
+/// would otherwise fault them in one by one. Errors are ignored (kernels
+/// before 5.14): registration then faults the pages itself.
 pub fn populate(ptr: *const u8, len: usize) {
     const MADV_POPULATE_READ: libc::c_int = 22;
-    // SAFETY: advice only; the range lies inside a live mapping.
+    // SAFETY: advice only, on a page-aligned range of a live mapping.
     unsafe { libc::madvise(ptr as *mut _, len, MADV_POPULATE_READ) };
 }
 

@@ -2,8 +2,8 @@
 //! copy queue and a reader. For a staged window it reads into a free slot and
 //! queues the slot's copies at once; the slot is reused only after the fence
 //! recorded behind those copies has passed, so reads and copies overlap. For
-//! a page-cache DMA window it pins the file's mapped pages and lets the
-//! device copy from them directly. Before a worker returns, every fence it
+//! a page-cache DMA window it pins the window's pages of the file's mapping
+//! and lets the device copy straight from them. Before a worker returns, every fence it
 //! recorded has been waited for: no copy outlives the memory it reads.
 
 use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
@@ -35,11 +35,19 @@ pub(crate) struct Moved {
     pub page_cache_dma: u64,
 }
 
+impl Moved {
+    pub fn add(&mut self, o: Moved) {
+        self.direct += o.direct;
+        self.buffered += o.buffered;
+        self.page_cache_dma += o.page_cache_dma;
+    }
+}
+
 /// Reports progress in bytes; called from worker threads.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 
-/// Pins of page-cache DMA windows a worker keeps in flight.
-const MAX_PINS_IN_FLIGHT: usize = 2;
+/// Pinned page-cache DMA windows a worker keeps in flight.
+const MAX_DMA_IN_FLIGHT: usize = 2;
 
 pub(crate) struct Job<'a> {
     pub device: &'a dyn Device,
@@ -63,9 +71,10 @@ pub(crate) struct Worker<'s> {
     pub reader: Box<dyn BlockReader>,
 }
 
+/// What a pending fence releases when it passes.
 enum Held {
     Slot(usize),
-    /// Held only for its drop, which unpins the pages.
+    /// Held only for its drop, which unpins the window's pages.
     Pin {
         _pin: Box<dyn HostPin>,
     },
@@ -102,11 +111,7 @@ pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<Moved> {
             .collect();
         for h in handles {
             match h.join() {
-                Ok(Ok(m)) => {
-                    total.direct += m.direct;
-                    total.buffered += m.buffered;
-                    total.page_cache_dma += m.page_cache_dma;
-                }
+                Ok(Ok(m)) => total.add(m),
                 Ok(Err(_)) => {}
                 Err(_) => {
                     first_error.lock().unwrap().get_or_insert_with(|| {
@@ -130,11 +135,10 @@ fn work(shared: &Shared<'_>, mut w: Worker<'_>) -> Result<Moved> {
     // Whatever happened, wait for every queued copy before the slots and
     // pinned pages can be reused or released.
     let mut drained = Ok(());
-    for (fence, held) in pending.drain(..) {
+    for (fence, _) in pending.drain(..) {
         if let Err(e) = fence.wait() {
             drained = drained.and(Err(e));
         }
-        drop(held);
     }
     result.and(drained).map(|_| moved)
 }
@@ -181,9 +185,9 @@ fn work_items(
                     .iter()
                     .filter(|(_, h)| matches!(h, Held::Pin { .. }))
                     .count()
-                    >= MAX_PINS_IN_FLIGHT
+                    >= MAX_DMA_IN_FLIGHT
                 {
-                    let (fence, held) = pending.pop_front().expect("a pin has a fence");
+                    let (fence, held) = pending.pop_front().expect("a pinned window has a fence");
                     fence.wait()?;
                     if let Held::Slot(s) = held {
                         free.push(s);
@@ -193,17 +197,19 @@ fn work_items(
                     .as_ref()
                     .expect("DMA-route files are mapped");
                 let (ptr, len) = map.range(win.start, win.read_len);
+                assert!(len as u64 >= win.needed, "DMA window past the mapping");
                 crate::hot::populate(ptr, len);
                 // SAFETY: the mapping outlives the job, and the pin is held on
-                // `pending` until the copies' fence has passed.
+                // `pending` until the copies' fence has passed. Windows never
+                // overlap, so no page is pinned twice.
                 let pin = unsafe { job.device.pin_host(ptr, len)? }.ok_or_else(|| {
                     Error::new(
                         ErrorKind::Device,
                         "this device cannot pin host memory for page-cache DMA",
                     )
                 })?;
-                // SAFETY: the pinned range covers every copy's source, and the
-                // mapping is read-only and outlives the fence.
+                // SAFETY: the pinned range covers every copy's source and
+                // stays pinned and mapped until the fence below has passed.
                 unsafe { queue_copies(w.queue.as_ref(), ptr, &win.copies)? };
                 pending.push_back((w.queue.record()?, Held::Pin { _pin: pin }));
                 moved.page_cache_dma += win.payload();

@@ -132,47 +132,77 @@ impl TransferPlan {
     }
 }
 
-/// See [`TransferPlan::windows`].
+/// Splits `extents` (in order) after the first `bytes` bytes, cutting one
+/// extent in two where the boundary falls inside it.
+pub fn split_extents(extents: &[Extent], bytes: u64) -> (Vec<Extent>, Vec<Extent>) {
+    let (mut head, mut tail) = (Vec::new(), Vec::new());
+    let mut left = bytes;
+    for e in extents {
+        if left >= e.len {
+            left -= e.len;
+            head.push(*e);
+        } else if left > 0 {
+            head.push(Extent { len: left, ..*e });
+            tail.push(Extent {
+                file_offset: e.file_offset + left,
+                len: e.len - left,
+                dst: e.dst + left,
+                ..*e
+            });
+            left = 0;
+        } else {
+            tail.push(*e);
+        }
+    }
+    (head, tail)
+}
+
+/// See [`TransferPlan::windows`]. Windows never overlap: each lies inside
+/// one `cap`-aligned chunk of its file, and windows in one chunk are
+/// separated by gaps wider than [`MAX_GAP`]. (Page-cache DMA pins each
+/// window's pages, and a page may be pinned only once at a time.)
 pub fn windows(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
     assert!(
         align.is_power_of_two() && cap >= align && cap % align == 0,
         "bad window geometry"
     );
-    let mut sorted: Vec<Extent> = extents.iter().copied().filter(|e| e.len > 0).collect();
-    sorted.sort_by_key(|e| (e.file, e.file_offset));
-    let mut out: Vec<Window> = Vec::new();
-    for e in sorted {
+    // Cut extents at chunk boundaries: (file, chunk, file position, len, dst).
+    let mut pieces: Vec<(usize, u64, u64, u64, DeviceAddr)> = Vec::with_capacity(extents.len());
+    for e in extents {
         let (mut pos, mut dst, mut left) = (e.file_offset, e.dst, e.len);
         while left > 0 {
-            let fits = out.last().is_some_and(|w| {
-                w.file == e.file
-                    && pos >= w.start
-                    && pos < w.start + cap
-                    && pos <= w.start + w.needed + MAX_GAP
-            });
-            if !fits {
-                let start = pos / align * align;
-                out.push(Window {
-                    file: e.file,
-                    start,
-                    read_len: 0,
-                    needed: 0,
-                    copies: Vec::new(),
-                });
-            }
-            let w = out.last_mut().expect("a window exists");
-            let n = left.min(w.start + cap - pos);
-            w.copies.push(WindowCopy {
-                window_offset: pos - w.start,
-                len: n,
-                dst,
-            });
-            w.needed = w.needed.max(pos + n - w.start);
-            w.read_len = w.needed.div_ceil(align) * align;
+            let chunk = pos / cap;
+            let n = left.min((chunk + 1) * cap - pos);
+            pieces.push((e.file, chunk, pos, n, dst));
             pos += n;
             dst += n;
             left -= n;
         }
+    }
+    pieces.sort_unstable_by_key(|&(file, chunk, pos, _, _)| (file, chunk, pos));
+    let mut out: Vec<Window> = Vec::new();
+    let mut current: Option<(usize, u64, u64)> = None; // file, chunk, end of data
+    for (file, chunk, pos, len, dst) in pieces {
+        let joins =
+            current.is_some_and(|(f, c, end)| f == file && c == chunk && pos <= end + MAX_GAP);
+        if !joins {
+            out.push(Window {
+                file,
+                start: pos / align * align,
+                read_len: 0,
+                needed: 0,
+                copies: Vec::new(),
+            });
+        }
+        let w = out.last_mut().expect("a window exists");
+        w.copies.push(WindowCopy {
+            window_offset: pos - w.start,
+            len,
+            dst,
+        });
+        w.needed = w.needed.max(pos + len - w.start);
+        w.read_len = w.needed.div_ceil(align) * align;
+        current = Some((file, chunk, w.start + w.needed));
     }
     out
 }
@@ -194,6 +224,14 @@ mod tests {
     /// position, and windows respect the cap and alignment.
     fn check(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
         let ws = windows(extents, cap, align);
+        for (i, a) in ws.iter().enumerate() {
+            for b in &ws[i + 1..] {
+                let disjoint = a.file != b.file
+                    || a.start + a.read_len <= b.start
+                    || b.start + b.read_len <= a.start;
+                assert!(disjoint, "windows overlap: {a:?} {b:?}");
+            }
+        }
         let mut covered: Vec<(usize, u64, u64, u64)> = Vec::new(); // file, file pos, len, dst
         for w in &ws {
             assert_eq!(w.start % align, 0);
@@ -226,7 +264,8 @@ mod tests {
     fn one_large_extent_is_cut_into_slot_sized_windows() {
         let ws = check(&[ext(0, 100, 10_000, 1 << 20)], 4096, 512);
         assert_eq!(ws.len(), 3);
-        assert_eq!(ws[0].start, 0);
+        assert_eq!((ws[0].start, ws[0].needed), (0, 4096));
+        assert_eq!(ws[2].start + ws[2].needed, 10_100);
     }
 
     #[test]
@@ -265,6 +304,31 @@ mod tests {
             8192,
             4096,
         );
+    }
+
+    #[test]
+    fn split_cuts_one_extent_at_the_boundary() {
+        let es = [
+            ext(0, 0, 100, 1000),
+            ext(1, 50, 100, 5000),
+            ext(0, 500, 10, 9000),
+        ];
+        let (h, t) = split_extents(&es, 130);
+        assert_eq!(h, vec![ext(0, 0, 100, 1000), ext(1, 50, 30, 5000)]);
+        assert_eq!(t, vec![ext(1, 80, 70, 5030), ext(0, 500, 10, 9000)]);
+        let (h, t) = split_extents(&es, 1000);
+        assert_eq!((h.len(), t.len()), (3, 0));
+    }
+
+    #[test]
+    fn an_extent_inside_an_earlier_one_joins_its_window() {
+        // The second extent starts before the first one's last window.
+        let ws = check(
+            &[ext(0, 1000, 30_000, 0), ext(0, 5000, 100, 90_000)],
+            16384,
+            4096,
+        );
+        assert_eq!(ws.len(), 2);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::{Error, Result};
 pub struct StagingConfig {
     /// Total bytes of pinned host memory (default 256 MiB).
     pub total_bytes: usize,
-    /// Bytes per slot: one read fills one slot (default 8 MiB).
+    /// Bytes per slot: one read fills one slot (default 4 MiB).
     pub slot_bytes: usize,
 }
 

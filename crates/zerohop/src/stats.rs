@@ -39,6 +39,8 @@ pub struct TransferStats {
     /// User + system CPU time of the process during the transfer.
     pub cpu_seconds: f64,
     pub cpu_seconds_per_gb: f64,
+    /// Anything the transfer did differently than configured, and why.
+    pub notes: Vec<String>,
 }
 
 impl TransferStats {

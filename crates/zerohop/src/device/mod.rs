@@ -146,7 +146,7 @@ pub trait CopyQueue: Send {
 }
 
 /// Host memory pinned for direct device access until dropped.
-pub trait HostPin: Send {}
+pub trait HostPin: Send + Sync {}
 
 /// A GPU, or its simulation.
 pub trait Device: Send + Sync {

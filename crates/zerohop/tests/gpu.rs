@@ -1,0 +1,121 @@
+//! The engine on a real GPU. Every test reports itself skipped where no GPU
+//! exists; scripts/gpu.sh runs these binaries on the accelerator machine.
+
+mod common;
+
+use common::{pattern, write, TestDir};
+use std::path::Path;
+use std::sync::Arc;
+use zerohop::device::CudaDevice;
+use zerohop::safetensors::{load_safetensors, write_synthetic, Allocation};
+use zerohop::{Device, DeviceBuffer, DirectIo, Engine, EngineConfig, ErrorKind, HotRoute};
+
+fn gpu() -> Option<Arc<dyn Device>> {
+    match CudaDevice::open(0) {
+        Ok(d) => Some(Arc::new(d)),
+        Err(e) => {
+            eprintln!("skipped: no GPU ({e})");
+            None
+        }
+    }
+}
+
+fn read_all(dev: &dyn Device, buf: &DeviceBuffer) -> Vec<u8> {
+    let mut out = vec![0u8; buf.len()];
+    dev.read_back(buf, 0, &mut out).unwrap();
+    out
+}
+
+fn engine(dev: &Arc<dyn Device>, direct: DirectIo, hot: HotRoute) -> Engine {
+    let c = EngineConfig {
+        direct_io: direct,
+        hot_route: hot,
+        dma_window_bytes: 8 << 20,
+        ..EngineConfig::default()
+    };
+    Engine::new(dev.clone(), c).unwrap()
+}
+
+/// Disk (temp dir) and tmpfs files through every route, checked byte for byte.
+#[test]
+fn every_route_delivers_exact_bytes() {
+    let Some(dev) = gpu() else { return };
+    let mut dirs = vec![TestDir::new("gpu")];
+    if Path::new("/dev/shm").is_dir() {
+        dirs.push(TestDir::under(Path::new("/dev/shm"), "gpu"));
+    }
+    for dir in &dirs {
+        let data = pattern((48 << 20) + 12345, 77);
+        let path = write(&dir.path("blob"), &data);
+        for (direct, hot) in [
+            (DirectIo::Always, HotRoute::Staged),
+            (DirectIo::Never, HotRoute::Staged),
+            (DirectIo::Never, HotRoute::PageCacheDma),
+        ] {
+            let (bufs, stats) = engine(&dev, direct, hot)
+                .load_files(&[&path], None)
+                .unwrap();
+            assert!(
+                read_all(dev.as_ref(), &bufs[0]) == data,
+                "{direct:?}/{hot:?} in {}",
+                dir.0.display()
+            );
+            eprintln!(
+                "{} {direct:?}/{hot:?}: {:.2} GB/s via {}",
+                dir.0.display(),
+                stats.gbps,
+                stats.path
+            );
+            if hot == HotRoute::PageCacheDma {
+                assert_eq!(stats.page_cache_dma_bytes, data.len() as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn safetensors_into_borrowed_and_owned_memory() {
+    let Some(dev) = gpu() else { return };
+    let dir = TestDir::new("gpu-st");
+    let path = dir.path("m.safetensors");
+    write_synthetic(&path, 64 << 20, 3, None).unwrap();
+    for alloc in [Allocation::PerFile, Allocation::PerTensor] {
+        let e = engine(&dev, DirectIo::Auto, HotRoute::Auto);
+        let model = load_safetensors(&e, &[&path], alloc, None).unwrap();
+        let file = std::fs::read(&path).unwrap();
+        for t in &model.tensors {
+            let start = t.file_offset as usize;
+            assert!(
+                read_all(dev.as_ref(), &t.buffer) == file[start..start + t.buffer.len()],
+                "{}",
+                t.name
+            );
+        }
+    }
+    // A framework's allocation, borrowed by pointer and length.
+    let owner = dev.alloc(1 << 20).unwrap();
+    // SAFETY: `owner` keeps the memory alive for the whole test.
+    let borrowed = unsafe { DeviceBuffer::borrowed(owner.addr() + 4096, 65536, owner.device()) };
+    let data = pattern(65536, 5);
+    let p = write(&dir.path("raw"), &data);
+    let files = Engine::open_files(&[&p]).unwrap();
+    let mut plan = zerohop::plan::TransferPlan::new();
+    plan.add(&files, 0, 0, 65536, &borrowed, 0).unwrap();
+    engine(&dev, DirectIo::Auto, HotRoute::Auto)
+        .transfer(&files, &plan, None)
+        .unwrap();
+    assert!(read_all(dev.as_ref(), &borrowed) == data);
+}
+
+#[test]
+fn gpu_errors_are_typed() {
+    let Some(dev) = gpu() else { return };
+    assert_eq!(
+        dev.alloc(1 << 50).unwrap_err().kind(),
+        ErrorKind::OutOfMemory
+    );
+    assert_eq!(
+        zerohop::open_device("cuda:99").err().unwrap().kind(),
+        ErrorKind::InvalidInput
+    );
+}

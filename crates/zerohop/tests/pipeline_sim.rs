@@ -1,0 +1,402 @@
+//! The pipeline on the simulated device: real files, real io_uring and
+//! pread, copies done late by worker threads, and injected faults.
+
+mod common;
+
+use common::{pattern, write, TestDir};
+use std::sync::Arc;
+use std::time::Duration;
+use zerohop::device::{SimConfig, SimDevice};
+use zerohop::plan::TransferPlan;
+use zerohop::staging::StagingConfig;
+use zerohop::storage::{self, BackendKind, Fault, FaultyBackend, ReadBackend};
+use zerohop::{Device, DeviceBuffer, DirectIo, Engine, EngineConfig, ErrorKind, HotRoute};
+
+fn sim(delay_us: u64) -> Arc<dyn Device> {
+    Arc::new(SimDevice::new(SimConfig {
+        max_copy_delay: Duration::from_micros(delay_us),
+        ..Default::default()
+    }))
+}
+
+fn config(
+    slot: usize,
+    slots: usize,
+    threads: usize,
+    direct: DirectIo,
+    hot: HotRoute,
+) -> EngineConfig {
+    EngineConfig {
+        staging: StagingConfig {
+            total_bytes: slot * slots,
+            slot_bytes: slot,
+        },
+        io_threads: threads,
+        direct_io: direct,
+        hot_route: hot,
+        dma_window_bytes: 16 << 10,
+        ..EngineConfig::default()
+    }
+}
+
+fn backends() -> Vec<Arc<dyn ReadBackend>> {
+    let mut v: Vec<Arc<dyn ReadBackend>> = vec![storage::backend(BackendKind::Pread).unwrap()];
+    match storage::backend(BackendKind::IoUring) {
+        Ok(b) => v.push(b),
+        Err(e) => eprintln!("skipped: io_uring backend unavailable here ({e})"),
+    }
+    v
+}
+
+fn read_all(dev: &dyn Device, buf: &DeviceBuffer) -> Vec<u8> {
+    let mut out = vec![0u8; buf.len()];
+    dev.read_back(buf, 0, &mut out).unwrap();
+    out
+}
+
+/// Random extents (unaligned, zero-length, overlapping in the file,
+/// spanning files) into two buffers; every route, backend and slot geometry.
+#[test]
+fn scattered_extents_arrive_exactly() {
+    let dir = TestDir::new("scatter");
+    let data: Vec<Vec<u8>> = (0..3)
+        .map(|i| pattern(300_000 + i * 77_777, i as u64 + 1))
+        .collect();
+    let paths: Vec<_> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| write(&dir.path(&format!("f{i}")), d))
+        .collect();
+    let mut r = 42u64;
+    let mut next = |m: u64| {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        r % m
+    };
+    for backend in backends() {
+        for (direct, hot) in [
+            (DirectIo::Always, HotRoute::Staged),
+            (DirectIo::Never, HotRoute::Staged),
+            (DirectIo::Never, HotRoute::PageCacheDma),
+        ] {
+            for (slot, slots, threads) in [(4096, 2, 1), (8192, 6, 3), (65536, 8, 4)] {
+                let dev = sim(30);
+                let engine = Engine::with_backend(
+                    dev.clone(),
+                    config(slot, slots, threads, direct, hot),
+                    backend.clone(),
+                )
+                .unwrap();
+                let files = Engine::open_files(&paths).unwrap();
+                let bufs = [dev.alloc(500_000).unwrap(), dev.alloc(123_457).unwrap()];
+                let mut expect = [vec![0u8; 500_000], vec![0u8; 123_457]];
+                let mut plan = TransferPlan::new();
+                // Destinations never overlap (each extent gets fresh bytes).
+                let mut cursor = [0u64; 2];
+                for _ in 0..60 {
+                    let f = next(3) as usize;
+                    let b = next(2) as usize;
+                    let len = next(9000).min(bufs[b].len() as u64 - cursor[b]);
+                    let off = next(data[f].len() as u64 - len + 1);
+                    plan.add(&files, f, off, len, &bufs[b], cursor[b]).unwrap();
+                    expect[b][cursor[b] as usize..(cursor[b] + len) as usize]
+                        .copy_from_slice(&data[f][off as usize..(off + len) as usize]);
+                    cursor[b] += len;
+                }
+                let stats = engine.transfer(&files, &plan, None).unwrap();
+                assert_eq!(stats.bytes, cursor.iter().sum::<u64>());
+                assert_eq!(
+                    stats.direct_bytes + stats.buffered_bytes + stats.page_cache_dma_bytes,
+                    stats.bytes
+                );
+                for b in 0..2 {
+                    assert!(
+                        read_all(dev.as_ref(), &bufs[b]) == expect[b],
+                        "{} {direct:?} {hot:?} slot {slot}",
+                        backend.name()
+                    );
+                }
+                if hot == HotRoute::PageCacheDma {
+                    assert_eq!(stats.page_cache_dma_bytes, stats.bytes);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn whole_files_tiny_empty_and_many_windows() {
+    let dir = TestDir::new("whole");
+    let sizes = [0usize, 1, 4095, 4096, 4097, 1 << 20, (1 << 20) + 13];
+    let paths: Vec<_> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| write(&dir.path(&format!("w{i}")), &pattern(n, i as u64)))
+        .collect();
+    let dev = sim(20);
+    // 4 KiB slots: a 1 MiB file takes 256 windows through 2 slots per worker.
+    let engine = Engine::new(
+        dev.clone(),
+        config(4096, 4, 2, DirectIo::Auto, HotRoute::Staged),
+    )
+    .unwrap();
+    let (bufs, stats) = engine.load_files(&paths, None).unwrap();
+    assert!(stats.windows > 500);
+    for (i, b) in bufs.iter().enumerate() {
+        assert!(
+            read_all(dev.as_ref(), b) == std::fs::read(&paths[i]).unwrap(),
+            "file {i}"
+        );
+    }
+    assert_eq!(stats.staging_bytes, 4 * 4096, "staging stays at its bound");
+}
+
+/// Offsets beyond 4 GiB in a sparse file, and a bound on staging far below
+/// the bytes moved.
+#[test]
+fn multi_gib_sparse_file_offsets() {
+    let dir = TestDir::new("sparse");
+    let path = dir.path("sparse");
+    let f = std::fs::File::create(&path).unwrap();
+    let size = (5u64 << 30) + 12345;
+    f.set_len(size).unwrap();
+    use std::os::unix::fs::FileExt;
+    let marks = [
+        (0u64, 1u64),
+        (1 << 32, 2),
+        ((1 << 32) + 5003, 3),
+        (size - 5000, 4),
+    ];
+    for &(at, seed) in &marks {
+        f.write_all_at(&pattern(5000, seed), at).unwrap();
+    }
+    drop(f);
+    let dev = sim(0);
+    let engine = Engine::new(
+        dev.clone(),
+        config(64 << 10, 4, 2, DirectIo::Auto, HotRoute::Staged),
+    )
+    .unwrap();
+    let files = Engine::open_files(&[&path]).unwrap();
+    let buf = dev.alloc(4 * 5000 + (1 << 22)).unwrap();
+    let mut plan = TransferPlan::new();
+    for (i, &(at, _)) in marks.iter().enumerate() {
+        plan.add(&files, 0, at, 5000, &buf, i as u64 * 5000)
+            .unwrap();
+    }
+    // 4 MiB of holes right past the 4 GiB boundary: reads of zeros.
+    plan.add(&files, 0, (1 << 32) + 20_480, 1 << 22, &buf, 20_000)
+        .unwrap();
+    let stats = engine.transfer(&files, &plan, None).unwrap();
+    let got = read_all(dev.as_ref(), &buf);
+    for (i, &(_, seed)) in marks.iter().enumerate() {
+        assert!(
+            got[i * 5000..(i + 1) * 5000] == pattern(5000, seed)[..],
+            "mark {i}"
+        );
+    }
+    assert!(got[20_000..].iter().all(|&b| b == 0));
+    assert!(stats.staging_bytes <= 4 * (64 << 10));
+}
+
+#[test]
+fn tmpfs_refuses_o_direct_and_falls_back_to_buffered() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    let dir = TestDir::under(shm, "tmpfs");
+    let data = pattern(200_000, 9);
+    let path = write(&dir.path("m"), &data);
+    if zerohop::probe::o_direct_supported(&path).is_ok() {
+        eprintln!("skipped: /dev/shm accepts O_DIRECT on this kernel");
+        return;
+    }
+    let dev = sim(10);
+    let engine = Engine::new(
+        dev.clone(),
+        config(8192, 4, 2, DirectIo::Always, HotRoute::Staged),
+    )
+    .unwrap();
+    let (bufs, stats) = engine.load_files(&[&path], None).unwrap();
+    assert_eq!(stats.direct_bytes, 0);
+    assert_eq!(stats.buffered_bytes, data.len() as u64);
+    assert!(read_all(dev.as_ref(), &bufs[0]) == data);
+}
+
+#[test]
+fn direct_reads_are_used_where_allowed() {
+    let dir = TestDir::under(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), "direct");
+    let data = pattern(1_000_003, 5);
+    let path = write(&dir.path("d"), &data);
+    if let Err(why) = zerohop::probe::o_direct_supported(&path) {
+        eprintln!("skipped: O_DIRECT unavailable here ({why})");
+        return;
+    }
+    let dev = sim(10);
+    let engine = Engine::new(
+        dev.clone(),
+        config(65536, 4, 2, DirectIo::Always, HotRoute::Staged),
+    )
+    .unwrap();
+    let (bufs, stats) = engine.load_files(&[&path], None).unwrap();
+    assert_eq!(stats.direct_bytes, data.len() as u64, "{}", stats.path);
+    assert!(read_all(dev.as_ref(), &bufs[0]) == data);
+}
+
+fn faulty(faults: Vec<Fault>, backend: Arc<dyn ReadBackend>) -> zerohop::Error {
+    let dir = TestDir::new("fault");
+    let path = write(&dir.path("f"), &pattern(1 << 20, 3));
+    let dev = sim(50);
+    let b = Arc::new(FaultyBackend::new(backend, faults));
+    let engine = Engine::with_backend(
+        dev,
+        config(16384, 8, 4, DirectIo::Never, HotRoute::Staged),
+        b,
+    )
+    .unwrap();
+    engine
+        .load_files(&[&path], None)
+        .expect_err("a fault must fail the transfer")
+}
+
+#[test]
+fn injected_eio_and_short_reads_fail_cleanly() {
+    for backend in backends() {
+        let e = faulty(vec![Fault::Eio { at: 700_000 }], backend.clone());
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert!(e.to_string().contains("Input/output error"), "{e}");
+        let e = faulty(vec![Fault::ShortRead { at: 500_001 }], backend.clone());
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert!(
+            e.to_string().contains("file ended at byte") && e.to_string().contains("truncated"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn failed_copies_and_out_of_memory_are_errors() {
+    let dir = TestDir::new("copyfail");
+    let path = write(&dir.path("f"), &pattern(300_000, 3));
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig {
+        fail_copy: Some(7),
+        ..Default::default()
+    }));
+    let engine = Engine::new(dev, config(8192, 4, 2, DirectIo::Never, HotRoute::Staged)).unwrap();
+    let e = engine.load_files(&[&path], None).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Device);
+    assert!(e.to_string().contains("injected copy failure"), "{e}");
+
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig {
+        memory_limit: Some(100_000),
+        ..Default::default()
+    }));
+    let engine = Engine::new(dev, config(8192, 4, 2, DirectIo::Never, HotRoute::Staged)).unwrap();
+    let e = engine.load_files(&[&path], None).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
+}
+
+#[test]
+fn bad_paths_are_clear_errors() {
+    let dir = TestDir::new("badpath");
+    let e = Engine::open_files(&[dir.path("missing")]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    let e = Engine::open_files(&[&dir.0]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("directory"), "{e}");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc_geteuid() } == 0 {
+        eprintln!("skipped: permission test (running as root, which bypasses file modes)");
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        let p = write(&dir.path("secret"), b"x");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o000)).unwrap();
+        assert_eq!(
+            Engine::open_files(&[&p]).unwrap_err().kind(),
+            ErrorKind::PermissionDenied
+        );
+    }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+#[test]
+fn plan_rejects_out_of_range_extents() {
+    let dir = TestDir::new("range");
+    let path = write(&dir.path("f"), &pattern(1000, 1));
+    let dev = sim(0);
+    let files = Engine::open_files(&[&path]).unwrap();
+    let buf = dev.alloc(100).unwrap();
+    let mut plan = TransferPlan::new();
+    assert_eq!(
+        plan.add(&files, 0, 990, 20, &buf, 0).unwrap_err().kind(),
+        ErrorKind::Io
+    );
+    assert_eq!(
+        plan.add(&files, 0, 0, 101, &buf, 0).unwrap_err().kind(),
+        ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        plan.add(&files, 1, 0, 1, &buf, 0).unwrap_err().kind(),
+        ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        plan.add(&files, 0, u64::MAX, 2, &buf, 0)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Io
+    );
+}
+
+#[test]
+fn device_names_are_checked() {
+    assert_eq!(
+        zerohop::open_device("tpu:0").err().unwrap().kind(),
+        ErrorKind::InvalidInput
+    );
+    assert_eq!(
+        zerohop::open_device("cuda:x").err().unwrap().kind(),
+        ErrorKind::InvalidInput
+    );
+    // cuda:99 is either no GPU at all here, or an invalid index on a GPU machine.
+    let k = zerohop::open_device("cuda:99").err().unwrap().kind();
+    assert!(
+        matches!(k, ErrorKind::NoGpu | ErrorKind::InvalidInput),
+        "{k:?}"
+    );
+}
+
+#[test]
+fn auto_measures_both_hot_routes_then_keeps_the_faster() {
+    let dir = TestDir::new("auto");
+    let data = pattern(3 << 20, 21);
+    let path = write(&dir.path("hot"), &data);
+    let dev = sim(5);
+    let mut c = config(65536, 8, 2, DirectIo::Auto, HotRoute::Auto);
+    c.hot_probe_bytes = 256 << 10;
+    let engine = Engine::new(dev.clone(), c).unwrap();
+    let (bufs, first) = engine.load_files(&[&path], None).unwrap();
+    assert!(read_all(dev.as_ref(), &bufs[0]) == data);
+    assert!(
+        first.notes.iter().any(|n| n.contains("hot route measured")),
+        "{:?}",
+        first.notes
+    );
+    assert!(
+        first.buffered_bytes >= 256 << 10 && first.page_cache_dma_bytes >= 256 << 10,
+        "{first:?}"
+    );
+    let (bufs, second) = engine.load_files(&[&path], None).unwrap();
+    assert!(read_all(dev.as_ref(), &bufs[0]) == data);
+    assert!(second.notes.is_empty());
+    assert!(
+        second.buffered_bytes == 0 || second.page_cache_dma_bytes == 0,
+        "one route after the choice"
+    );
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Build here, run on the accelerator machine: the one script every session
+# uses for GPU tests and benchmarks.
+#
+#   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
+#   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
+#
+# Steps: info, tests, hot, cold, peers. The device tool call is:
+#   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
+# (add ".whl" to carry and "peers" to the steps for the peer loaders; fetch
+# their wheels first with bench/fetch-peer-wheels.sh).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+stage() {
+    rm -rf .stage && mkdir -p .stage/bin .stage/tests
+    CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p zerohop-cli
+    cp target/release/zerohop .stage/bin/
+    CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
+        | python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    exe = m.get("executable")
+    if m.get("reason") == "compiler-artifact" and exe and m["target"]["kind"] != ["bin"]:
+        shutil.copy(exe, ".stage/tests/" + m["target"]["name"])
+'
+    strip .stage/bin/* .stage/tests/*
+    git rev-parse --short HEAD > .stage/commit
+    du -sh .stage; ls .stage/tests
+}
+
+device() {
+    : "${OUT:?run this on the device machine, where OUT is set}"
+    export PATH="$PWD/.stage/bin:$PATH"
+    HOT=/dev/shm/zerohop-bench.safetensors
+    DISK=/var/tmp/zerohop-bench.safetensors
+    SIZE=${ZEROHOP_BENCH_SIZE:-8GiB}
+    ensure_hot() { [ -f $HOT ] || zerohop gen --size "$SIZE" $HOT; }
+    ensure_disk() { [ -f $DISK ] || { ensure_hot; cp $HOT $DISK; sync; }; }
+    for step in "$@"; do
+        echo "=== $step ($(date -u +%FT%TZ), commit $(cat .stage/commit))"
+        case "$step" in
+        info)
+            nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv
+            uname -r; nproc; free -g; df -h / /var/tmp /dev/shm
+            zerohop info /var/tmp | tee "$OUT/info.txt"
+            ;;
+        tests)
+            for t in .stage/tests/*; do
+                echo "--- $t"
+                "$t" --test-threads 1 --nocapture 2>&1 | tee -a "$OUT/tests.log" | grep -E "skipped|GB/s|test result|FAILED|panicked" || true
+            done
+            ;;
+        hot)
+            ensure_hot
+            zerohop bench load $HOT --compare-routes --repeat 3 | tee "$OUT/bench-hot-tmpfs.txt"
+            ;;
+        cold)
+            ensure_disk
+            zerohop bench load $DISK --cold --repeat 2 | tee "$OUT/bench-cold-disk.txt"
+            zerohop bench load $DISK --compare-routes --repeat 2 | tee "$OUT/bench-hot-pagecache.txt"
+            ;;
+        sweep)
+            # Hot-route settings on the tmpfs file: GB/s per configuration.
+            ensure_hot
+            # ZEROHOP_SWEEP: ';'-separated load option sets to compare.
+            IFS=';' read -ra configs <<< "${ZEROHOP_SWEEP:---hot-route staged;--hot-route dma}"
+            for args in "${configs[@]}"; do
+                r=$(zerohop load $HOT --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); print("%6.2f GB/s cpu %.2fs" % (s["gbps"], s["cpu_seconds"]))')
+                echo "sweep  $r  $args" | tee -a "$OUT/sweep.txt"
+            done
+            ;;
+        peers)
+            ensure_hot; ensure_disk
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+            export PYTHONPATH=/tmp/site
+            PYTHONUNBUFFERED=1 python3 bench/peers.py $HOT --modes hot --zerohop .stage/bin/zerohop --json-out "$OUT/peers-tmpfs.json" | tee "$OUT/peers-tmpfs.txt"
+            PYTHONUNBUFFERED=1 python3 bench/peers.py $DISK --modes cold --repeat 2 --zerohop .stage/bin/zerohop --json-out "$OUT/peers-disk.json" | tee "$OUT/peers-disk.txt"
+            ;;
+        *) echo "unknown step $step"; exit 2 ;;
+        esac
+    done
+}
+
+case "${1:-}" in
+stage) stage ;;
+device) shift; device "$@" ;;
+*) sed -n '2,13p' "$0"; exit 2 ;;
+esac
