@@ -109,11 +109,12 @@ impl Event {
 
     fn create(ctx: &Arc<Context>, timing: bool) -> Result<Self> {
         ctx.bind()?;
-        let flags = if timing {
-            0
-        } else {
-            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
-        };
+        // Blocking sync: a thread waiting on an event sleeps instead of
+        // spinning, leaving the CPU to the threads that copy.
+        let mut flags = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+        if !timing {
+            flags |= sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        }
         let mut raw = std::ptr::null_mut();
         // SAFETY: writes one handle; a context is current.
         check(

@@ -106,7 +106,11 @@ impl Engine {
         if config.io_threads == 0 {
             return Err(Error::invalid("io_threads must be at least 1"));
         }
-        if config.dma_window_bytes == 0 || config.dma_window_bytes % crate::hot::page_size() != 0 {
+        if config.dma_window_bytes == 0
+            || !config
+                .dma_window_bytes
+                .is_multiple_of(crate::hot::page_size())
+        {
             return Err(Error::invalid(
                 "dma_window_bytes must be a positive multiple of the page size",
             ));

@@ -163,7 +163,7 @@ pub fn split_extents(extents: &[Extent], bytes: u64) -> (Vec<Extent>, Vec<Extent
 /// window's pages, and a page may be pinned only once at a time.)
 pub fn windows(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
     assert!(
-        align.is_power_of_two() && cap >= align && cap % align == 0,
+        align.is_power_of_two() && cap >= align && cap.is_multiple_of(align),
         "bad window geometry"
     );
     // Cut extents at chunk boundaries: (file, chunk, file position, len, dst).

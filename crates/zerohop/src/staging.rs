@@ -10,7 +10,7 @@ use crate::{Error, Result};
 pub struct StagingConfig {
     /// Total bytes of pinned host memory (default 256 MiB).
     pub total_bytes: usize,
-    /// Bytes per slot: one read fills one slot (default 4 MiB).
+    /// Bytes per slot: one read fills one slot (default 8 MiB).
     pub slot_bytes: usize,
 }
 
@@ -26,7 +26,7 @@ impl Default for StagingConfig {
 impl StagingConfig {
     /// Checks the geometry: slots aligned for O_DIRECT, at least two of them.
     pub fn validate(&self) -> Result<()> {
-        if self.slot_bytes == 0 || self.slot_bytes % DIRECT_ALIGN as usize != 0 {
+        if self.slot_bytes == 0 || !self.slot_bytes.is_multiple_of(DIRECT_ALIGN as usize) {
             return Err(Error::invalid(format!(
                 "staging slot size {} must be a positive multiple of {DIRECT_ALIGN}",
                 self.slot_bytes

@@ -123,6 +123,9 @@ impl DeviceBuffer {
 pub trait StagingMemory: Send + Sync {
     fn as_mut_ptr(&mut self) -> *mut u8;
     fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A completion marker for copies queued before it.

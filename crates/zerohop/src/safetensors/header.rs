@@ -307,7 +307,7 @@ pub fn serialize_header(tensors: &[TensorInfo], metadata: &BTreeMap<String, Stri
         );
     }
     let mut json = serde_json::to_vec(&Value::Object(root)).expect("a JSON value serializes");
-    while (8 + json.len()) % 8 != 0 {
+    while !(8 + json.len()).is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();

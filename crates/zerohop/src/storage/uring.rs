@@ -132,7 +132,9 @@ impl BlockReader for UringReader {
                         s.done += r as usize;
                         // A short O_DIRECT read only happens at end of file;
                         // continuing from an unaligned position would fail.
-                        if mode == IoMode::Direct && s.done % super::DIRECT_ALIGN as usize != 0 {
+                        if mode == IoMode::Direct
+                            && !s.done.is_multiple_of(super::DIRECT_ALIGN as usize)
+                        {
                             s.eof = true;
                         }
                     }

@@ -1,0 +1,27 @@
+//! The safetensors header parser on arbitrary bytes: it must return a
+//! header or an error, never panic, and never accept a header whose tensors
+//! leave the file or overlap.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use zerohop::safetensors::parse_header;
+
+fuzz_target!(|data: &[u8]| {
+    // The first 8 bytes say how long the claimed file is beyond the input,
+    // so offsets past the input (a truncated read) are exercised too.
+    let (extra, bytes) = match data.split_first_chunk::<8>() {
+        Some((n, rest)) => (u64::from_le_bytes(*n) % (1 << 20), rest),
+        None => (0, data),
+    };
+    let file_len = bytes.len() as u64 + extra;
+    if let Ok(h) = parse_header(bytes, file_len) {
+        assert_eq!(h.data_start + h.data_len, file_len);
+        let mut end = 0;
+        for t in &h.tensors {
+            assert!(t.begin == end && t.end >= t.begin && t.end <= h.data_len);
+            let elems = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).unwrap();
+            assert_eq!(elems * t.dtype.size(), t.len());
+            end = t.end;
+        }
+    }
+});
