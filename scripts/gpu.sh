@@ -44,12 +44,12 @@ device() {
         info)
             nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv
             uname -r; nproc; free -g; df -h / /var/tmp /dev/shm
-            zerohop info /var/tmp | tee "$OUT/info.txt"
+            zerohop info /var/tmp | tee -a "$OUT/info-and-tests.txt"
             ;;
         tests)
             for t in .stage/tests/*; do
                 echo "--- $t"
-                "$t" --test-threads 1 --nocapture 2>&1 | tee -a "$OUT/tests.log" | grep -E "skipped|GB/s|test result|FAILED|panicked" || true
+                "$t" --test-threads 1 --nocapture 2>&1 | tee -a "$OUT/info-and-tests.txt" | grep -E "skipped|GB/s|test result|FAILED|panicked" || true
             done
             ;;
         hot)
@@ -59,7 +59,7 @@ device() {
         cold)
             ensure_disk
             zerohop bench load $DISK --cold --repeat 2 | tee "$OUT/bench-cold-disk.txt"
-            zerohop bench load $DISK --compare-routes --repeat 2 | tee "$OUT/bench-hot-pagecache.txt"
+            zerohop bench load $DISK --cold --repeat 2 --slot 8MiB --staging 256MiB | tee "$OUT/bench-cold-disk-8m.txt"
             ;;
         sweep)
             # Hot-route settings on the tmpfs file: GB/s per configuration.
