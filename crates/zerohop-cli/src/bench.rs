@@ -164,6 +164,9 @@ fn bench_load(a: &BenchLoadArgs) -> Result<()> {
                 "run      {label:<15} #{i}: {:.2} GB/s ({:.3} s) via {}",
                 stats.gbps, stats.seconds, stats.path
             ));
+            for n in &stats.notes {
+                say(format!("note     {n}"));
+            }
             runs.push(Run {
                 route: label.to_string(),
                 gbps: stats.gbps,

@@ -158,6 +158,9 @@ pub fn print_stats(s: &TransferStats, tensors: Option<usize>) {
         s.cpu_seconds,
         s.cpu_seconds_per_gb
     );
+    for n in &s.notes {
+        println!("note     {n}");
+    }
 }
 
 /// Reads every placed range back from the device and compares it with the

@@ -152,3 +152,38 @@ fn bad_input_is_a_clear_error() {
     let out = zerohop(&["gen", "--size", "lots", "x"]);
     assert!(!out.status.success());
 }
+
+/// Root reads any file, so drop to `nobody` (with util-linux's setpriv) to
+/// see a real permission error.
+#[test]
+fn unreadable_file_is_a_permission_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let secret = tmp("secret.safetensors");
+    std::fs::write(&secret, b"x").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let args = ["load", secret.to_str().unwrap(), "--device", "host"];
+    // SAFETY: geteuid has no preconditions.
+    let out = if unsafe { libc::geteuid() } == 0 {
+        let bin = env!("CARGO_BIN_EXE_zerohop");
+        let privs = ["--reuid=65534", "--regid=65534", "--clear-groups", bin];
+        match Command::new("setpriv").args(privs).args(args).output() {
+            Ok(out) => out,
+            Err(e) => {
+                eprintln!("skipped: running as root without setpriv ({e})");
+                return;
+            }
+        }
+    } else {
+        zerohop(&args)
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("setpriv:") {
+        eprintln!("skipped: setpriv cannot run zerohop as nobody here: {err}");
+        return;
+    }
+    assert!(!out.status.success());
+    assert!(
+        err.contains("Permission denied") && !err.contains("panicked"),
+        "{err}"
+    );
+}

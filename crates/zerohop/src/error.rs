@@ -119,3 +119,33 @@ impl From<zerohop_cuda::CudaError> for Error {
         Error::with_source(kind, "CUDA", e)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os_errors_map_to_kinds() {
+        let p = Path::new("/x");
+        let kind = |e: io::Error| Error::io(p, "open", e).kind();
+        assert_eq!(
+            kind(io::Error::from(io::ErrorKind::NotFound)),
+            ErrorKind::NotFound
+        );
+        assert_eq!(
+            kind(io::Error::from(io::ErrorKind::PermissionDenied)),
+            ErrorKind::PermissionDenied
+        );
+        assert_eq!(
+            kind(io::Error::from_raw_os_error(libc::EISDIR)),
+            ErrorKind::InvalidInput
+        );
+        assert_eq!(kind(io::Error::from_raw_os_error(libc::EIO)), ErrorKind::Io);
+        let e = Error::io(p, "cannot open", io::Error::from_raw_os_error(libc::EACCES))
+            .context("loading");
+        assert_eq!(
+            e.to_string(),
+            "loading: cannot open /x: Permission denied (os error 13)"
+        );
+    }
+}

@@ -5,6 +5,7 @@
 use crate::device::{DeviceAddr, DeviceBuffer};
 use crate::storage::SourceFile;
 use crate::{Error, Result};
+use std::collections::HashMap;
 
 /// `len` bytes at `file_offset` of file number `file` go to device address `dst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +53,8 @@ const MAX_GAP: u64 = 256 << 10;
 #[derive(Debug, Default)]
 pub struct TransferPlan {
     extents: Vec<Extent>,
-    buffers: Vec<DeviceBuffer>,
+    /// Destinations by (address, length), kept alive for the transfer.
+    buffers: HashMap<(DeviceAddr, usize), DeviceBuffer>,
     bytes: u64,
 }
 
@@ -106,13 +108,9 @@ impl TransferPlan {
             });
             self.bytes += len;
         }
-        if !self
-            .buffers
-            .iter()
-            .any(|b| b.addr() == dst.addr() && b.len() == dst.len())
-        {
-            self.buffers.push(dst.clone());
-        }
+        self.buffers
+            .entry((dst.addr(), dst.len()))
+            .or_insert_with(|| dst.clone());
         Ok(())
     }
 

@@ -74,7 +74,6 @@ impl BlockReader for UringReader {
             .collect();
         let mut in_flight = 0u32;
         let mut failure: Option<io::Error> = None;
-        let mut submit_errors = 0;
         loop {
             // Queue every segment that still needs bytes, up to the ring depth.
             if failure.is_none() {
@@ -104,18 +103,14 @@ impl BlockReader for UringReader {
             if in_flight == 0 {
                 break;
             }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => submit_errors = 0,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // EBUSY/EAGAIN: the completion queue is full or the kernel is
-                // short of memory; reaping below makes room. Anything that
-                // persists is returned (entries the kernel did not take do not
-                // reference the buffer).
-                Err(e) => {
-                    submit_errors += 1;
-                    if submit_errors > 3 {
-                        return Err(e);
-                    }
+            // Errors here (EBUSY, EAGAIN: a full completion queue or kernel
+            // memory pressure) are transient: keep reaping, because entries
+            // the kernel took still own the buffer; the first error is
+            // returned once nothing is in flight.
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    failure.get_or_insert(e);
+                    std::thread::sleep(std::time::Duration::from_millis(1));
                 }
             }
             for cqe in self.ring.completion() {
