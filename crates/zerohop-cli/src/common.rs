@@ -84,6 +84,7 @@ impl EngineArgs {
         if let Some(w) = self.dma_window {
             c.dma_window_bytes = w as usize;
         }
+        c.hot_choice_file = zerohop::hot_choice::default_file();
         c
     }
 

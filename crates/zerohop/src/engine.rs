@@ -3,6 +3,7 @@
 
 use crate::device::{Device, DeviceBuffer};
 use crate::hot::FileMapping;
+use crate::hot_choice::{self, HotChoice};
 use crate::pipeline::{self, Job, Moved, Progress, WindowRoute, WorkItem, Worker};
 use crate::plan::{split_extents, windows, Extent, TransferPlan};
 use crate::staging::{StagingConfig, StagingPool};
@@ -53,6 +54,10 @@ pub struct EngineConfig {
     /// Hot bytes each route moves while `HotRoute::Auto` measures which is
     /// faster (needs 4x this much hot data to measure).
     pub hot_probe_bytes: u64,
+    /// Where to remember that measurement across processes (per device and
+    /// kernel); `None` measures once per engine. The CLI uses
+    /// [`hot_choice::default_file`].
+    pub hot_choice_file: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +71,7 @@ impl Default for EngineConfig {
             dma_window_bytes: 64 << 20,
             hot_threshold: 0.98,
             hot_probe_bytes: 512 << 20,
+            hot_choice_file: None,
         }
     }
 }
@@ -84,8 +90,10 @@ pub struct Engine {
     pool: Mutex<StagingPool>,
     backend: Arc<dyn ReadBackend>,
     config: EngineConfig,
-    /// The hot route measured faster, once measured.
-    hot_choice: Mutex<Option<WindowRoute>>,
+    /// What the hot routes measured, once measured (or read from
+    /// `hot_choice_file`).
+    hot_choice: Mutex<Option<HotChoice>>,
+    hot_choice_key: String,
 }
 
 impl Engine {
@@ -116,12 +124,18 @@ impl Engine {
             ));
         }
         let pool = StagingPool::new(device.as_ref(), config.staging)?;
+        let hot_choice_key = hot_choice::key(&device.describe());
+        let remembered = match (&config.hot_choice_file, config.hot_route) {
+            (Some(file), HotRoute::Auto) => hot_choice::load(file, &hot_choice_key),
+            _ => None,
+        };
         Ok(Engine {
             device,
             pool: Mutex::new(pool),
             backend,
             config,
-            hot_choice: Mutex::new(None),
+            hot_choice: Mutex::new(remembered),
+            hot_choice_key,
         })
     }
 
@@ -178,6 +192,11 @@ impl Engine {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         let routes: Vec<FileRoute> = files.iter().map(|f| self.route_for(f)).collect();
         let chosen = *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner());
+        let remembered_in = self
+            .config
+            .hot_choice_file
+            .as_ref()
+            .map_or(String::new(), |p| format!(" (kept in {})", p.display()));
         let (hot, other): (Vec<Extent>, Vec<Extent>) = plan
             .extents()
             .iter()
@@ -194,7 +213,15 @@ impl Engine {
             FileRoute::Hot => unreachable!("hot files get a phase route"),
         };
         match chosen {
-            Some(route) => phases.push((plan.extents().to_vec(), Some(route))),
+            Some(choice) => {
+                if hot_bytes > 0 {
+                    notes.push(format!(
+                        "hot route measured earlier{remembered_in}: {}",
+                        choice.describe()
+                    ));
+                }
+                phases.push((plan.extents().to_vec(), Some(choice.route())));
+            }
             None if hot_bytes >= 4 * probe => {
                 let (a, rest) = split_extents(&hot, probe);
                 let (b, rest) = split_extents(&rest, probe);
@@ -216,16 +243,19 @@ impl Engine {
                     &mut moved,
                 )?;
                 let dma = probe(b, WindowRoute::PageCacheDma, &mut pool, &mut moved)?;
-                let route = if dma > staged {
-                    WindowRoute::PageCacheDma
-                } else {
-                    WindowRoute::Staged(IoMode::Buffered)
+                let choice = HotChoice {
+                    staged_gbps: staged,
+                    dma_gbps: dma,
                 };
                 notes.push(format!(
-                    "hot route measured on this transfer: staged {staged:.1} GB/s, page-cache DMA {dma:.1} GB/s; chose {}",
-                    if dma > staged { "page-cache DMA" } else { "staged" }
+                    "hot route measured on this transfer: {}",
+                    choice.describe()
                 ));
-                *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) = Some(route);
+                *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) = Some(choice);
+                if let Some(file) = &self.config.hot_choice_file {
+                    hot_choice::store(file, &self.hot_choice_key, choice);
+                }
+                let route = choice.route();
                 phases.push((rest.into_iter().chain(other).collect(), Some(route)));
             }
             // Too little hot data to measure: the staged route, which does
@@ -311,7 +341,13 @@ impl Engine {
             items,
             progress,
         };
-        let moved = pipeline::run(&job, workers)?;
+        let (moved, pin_refusal) = pipeline::run(&job, workers)?;
+        let mut notes = notes;
+        if let Some(why) = pin_refusal {
+            notes.push(format!(
+                "page-cache DMA could not pin pages ({why}); those windows were staged instead"
+            ));
+        }
         Ok((moved, windows, threads, notes))
     }
 

@@ -12,6 +12,7 @@ pub mod device;
 mod engine;
 mod error;
 pub mod hot;
+pub mod hot_choice;
 mod pipeline;
 pub mod plan;
 pub mod probe;

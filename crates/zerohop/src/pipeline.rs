@@ -7,7 +7,7 @@
 //! recorded has been waited for: no copy outlives the memory it reads.
 
 use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
-use crate::plan::{Window, WindowCopy};
+use crate::plan::{Extent, Window, WindowCopy};
 use crate::storage::{BlockReader, IoMode, SourceFile};
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
@@ -62,6 +62,8 @@ struct Shared<'a> {
     job: &'a Job<'a>,
     next: AtomicUsize,
     abort: AtomicBool,
+    /// Why pinning a DMA window failed, the first time it did.
+    pin_refusal: Mutex<Option<String>>,
 }
 
 /// One worker's equipment.
@@ -80,14 +82,15 @@ enum Held {
     },
 }
 
-/// Runs `job` on `workers` (one thread each) and returns the bytes moved.
-/// Either every window arrived or an error is returned: never a partial
-/// success.
-pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<Moved> {
+/// Runs `job` on `workers` (one thread each) and returns the bytes moved,
+/// and why page-cache DMA windows fell back to staging if any did. Either
+/// every window arrived or an error is returned: never a partial success.
+pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Option<String>)> {
     let shared = Shared {
         job,
         next: AtomicUsize::new(0),
         abort: AtomicBool::new(false),
+        pin_refusal: Mutex::new(None),
     };
     let first_error: Mutex<Option<Error>> = Mutex::new(None);
     let mut total = Moved::default();
@@ -123,7 +126,7 @@ pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<Moved> {
     });
     match first_error.into_inner().unwrap() {
         Some(e) => Err(e),
-        None => Ok(total),
+        None => Ok((total, shared.pin_refusal.into_inner().unwrap())),
     }
 }
 
@@ -157,29 +160,7 @@ fn work_items(
         let win = &item.window;
         let file = &job.files[win.file];
         match item.route {
-            WindowRoute::Staged(mode) => {
-                let slot = loop {
-                    if let Some(s) = free.pop() {
-                        break s;
-                    }
-                    let (fence, held) = pending.pop_front().expect("a busy slot has a fence");
-                    fence.wait()?;
-                    if let Held::Slot(s) = held {
-                        free.push(s);
-                    }
-                };
-                let used = read_window(w, slot, file, mode, win)?;
-                let base = w.slots[slot].as_mut_ptr();
-                // SAFETY: the slot holds `win.needed` freshly read bytes, and
-                // it stays untouched until the fence below has been waited for
-                // (it is on `pending` and not in `free`).
-                unsafe { queue_copies(w.queue.as_ref(), base, &win.copies)? };
-                pending.push_back((w.queue.record()?, Held::Slot(slot)));
-                match used {
-                    IoMode::Direct => moved.direct += win.payload(),
-                    IoMode::Buffered => moved.buffered += win.payload(),
-                }
-            }
+            WindowRoute::Staged(mode) => stage(w, free, pending, moved, file, mode, win)?,
             WindowRoute::PageCacheDma => {
                 while pending
                     .iter()
@@ -187,11 +168,7 @@ fn work_items(
                     .count()
                     >= MAX_DMA_IN_FLIGHT
                 {
-                    let (fence, held) = pending.pop_front().expect("a pinned window has a fence");
-                    fence.wait()?;
-                    if let Held::Slot(s) = held {
-                        free.push(s);
-                    }
+                    wait_oldest(pending, free)?;
                 }
                 let map = job.maps[win.file]
                     .as_ref()
@@ -202,22 +179,91 @@ fn work_items(
                 // SAFETY: the mapping outlives the job, and the pin is held on
                 // `pending` until the copies' fence has passed. Windows never
                 // overlap, so no page is pinned twice.
-                let pin = unsafe { job.device.pin_host(ptr, len)? }.ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Device,
-                        "this device cannot pin host memory for page-cache DMA",
-                    )
-                })?;
-                // SAFETY: the pinned range covers every copy's source and
-                // stays pinned and mapped until the fence below has passed.
-                unsafe { queue_copies(w.queue.as_ref(), ptr, &win.copies)? };
-                pending.push_back((w.queue.record()?, Held::Pin { _pin: pin }));
-                moved.page_cache_dma += win.payload();
+                match unsafe { job.device.pin_host(ptr, len) } {
+                    Ok(Some(pin)) => {
+                        // SAFETY: the pinned range covers every copy's source
+                        // and stays pinned and mapped until the fence passes.
+                        unsafe { queue_copies(w.queue.as_ref(), ptr, &win.copies)? };
+                        pending.push_back((w.queue.record()?, Held::Pin { _pin: pin }));
+                        moved.page_cache_dma += win.payload();
+                    }
+                    refused => {
+                        let why = match refused {
+                            Err(e) => e.to_string(),
+                            _ => "this device cannot pin host memory".to_string(),
+                        };
+                        shared.pin_refusal.lock().unwrap().get_or_insert(why);
+                        // The same bytes through staging slots instead.
+                        let extents: Vec<Extent> = win
+                            .copies
+                            .iter()
+                            .map(|c| Extent {
+                                file: win.file,
+                                file_offset: win.start + c.window_offset,
+                                len: c.len,
+                                dst: c.dst,
+                            })
+                            .collect();
+                        let slot_len = w.slots[0].len() as u64;
+                        for sub in
+                            crate::plan::windows(&extents, slot_len, crate::storage::DIRECT_ALIGN)
+                        {
+                            stage(w, free, pending, moved, file, IoMode::Buffered, &sub)?;
+                        }
+                    }
+                }
             }
         }
         if let Some(p) = job.progress {
             p(win.payload());
         }
+    }
+    Ok(())
+}
+
+/// Waits for the oldest pending fence and frees what it held.
+fn wait_oldest(
+    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    free: &mut Vec<usize>,
+) -> Result<()> {
+    let (fence, held) = pending.pop_front().expect("something is pending");
+    fence.wait()?;
+    if let Held::Slot(s) = held {
+        free.push(s);
+    }
+    Ok(())
+}
+
+/// Reads `win` into a free slot and queues its copies.
+fn stage(
+    w: &mut Worker<'_>,
+    free: &mut Vec<usize>,
+    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    moved: &mut Moved,
+    file: &SourceFile,
+    mode: IoMode,
+    win: &Window,
+) -> Result<()> {
+    while free.is_empty() {
+        wait_oldest(pending, free)?;
+    }
+    let slot = free.pop().expect("a slot is free");
+    let used = match read_window(w, slot, file, mode, win) {
+        Ok(used) => used,
+        Err(e) => {
+            free.push(slot);
+            return Err(e);
+        }
+    };
+    let base = w.slots[slot].as_mut_ptr();
+    // SAFETY: the slot holds `win.needed` freshly read bytes, and it stays
+    // untouched until the fence below has been waited for (it is on
+    // `pending` and not in `free`).
+    unsafe { queue_copies(w.queue.as_ref(), base, &win.copies)? };
+    pending.push_back((w.queue.record()?, Held::Slot(slot)));
+    match used {
+        IoMode::Direct => moved.direct += win.payload(),
+        IoMode::Buffered => moved.buffered += win.payload(),
     }
     Ok(())
 }

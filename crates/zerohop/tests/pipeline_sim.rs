@@ -394,9 +394,78 @@ fn auto_measures_both_hot_routes_then_keeps_the_faster() {
     );
     let (bufs, second) = engine.load_files(&[&path], None).unwrap();
     assert!(read_all(dev.as_ref(), &bufs[0]) == data);
-    assert!(second.notes.is_empty());
+    assert!(
+        second.notes.iter().all(|n| n.contains("measured earlier")),
+        "{:?}",
+        second.notes
+    );
     assert!(
         second.buffered_bytes == 0 || second.page_cache_dma_bytes == 0,
         "one route after the choice"
+    );
+}
+
+#[test]
+fn the_hot_choice_is_remembered_across_engines_in_a_file() {
+    let dir = TestDir::new("choice");
+    let path = write(&dir.path("hot"), &pattern(2 << 20, 4));
+    let mut c = config(65536, 8, 2, DirectIo::Auto, HotRoute::Auto);
+    c.hot_probe_bytes = 128 << 10;
+    c.hot_choice_file = Some(dir.path("cache/hot-route.json"));
+    let first = Engine::new(sim(0), c.clone())
+        .unwrap()
+        .load_files(&[&path], None)
+        .unwrap()
+        .1;
+    assert!(
+        first
+            .notes
+            .iter()
+            .any(|n| n.contains("measured on this transfer")),
+        "{:?}",
+        first.notes
+    );
+    let second = Engine::new(sim(0), c)
+        .unwrap()
+        .load_files(&[&path], None)
+        .unwrap()
+        .1;
+    assert!(
+        second
+            .notes
+            .iter()
+            .any(|n| n.contains("measured earlier (kept in")),
+        "{:?}",
+        second.notes
+    );
+}
+
+#[test]
+fn refused_pins_fall_back_to_staging_with_a_note() {
+    let dir = TestDir::new("pinfail");
+    let data = pattern(1 << 20, 8);
+    let path = write(&dir.path("f"), &data);
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig {
+        refuse_pin: true,
+        ..Default::default()
+    }));
+    let engine = Engine::new(
+        dev.clone(),
+        config(8192, 4, 2, DirectIo::Never, HotRoute::PageCacheDma),
+    )
+    .unwrap();
+    let (bufs, stats) = engine.load_files(&[&path], None).unwrap();
+    assert!(read_all(dev.as_ref(), &bufs[0]) == data);
+    assert_eq!(
+        (stats.page_cache_dma_bytes, stats.buffered_bytes),
+        (0, data.len() as u64)
+    );
+    assert!(
+        stats
+            .notes
+            .iter()
+            .any(|n| n.contains("injected pin refusal")),
+        "{:?}",
+        stats.notes
     );
 }

@@ -25,6 +25,8 @@ pub struct SimConfig {
     pub fail_copy: Option<u64>,
     /// Allocations beyond this many bytes in total fail with out-of-memory.
     pub memory_limit: Option<u64>,
+    /// Refuse to pin host memory, as a driver may for some mappings.
+    pub refuse_pin: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,6 +192,9 @@ impl Device for SimDevice {
     }
 
     unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>> {
+        if self.config.refuse_pin {
+            return Err(Error::new(ErrorKind::Device, "injected pin refusal"));
+        }
         let start = ptr as u64;
         self.registry
             .lock()

@@ -1,0 +1,111 @@
+//! The measured choice between the two hot routes, kept by the engine and,
+//! when it is given a file for it, across processes (so a fresh process does
+//! not pay for measuring again).
+
+use crate::pipeline::WindowRoute;
+use crate::storage::IoMode;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What the engine measured for each hot route.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct HotChoice {
+    pub staged_gbps: f64,
+    pub dma_gbps: f64,
+}
+
+impl HotChoice {
+    pub(crate) fn route(&self) -> WindowRoute {
+        if self.dma_gbps > self.staged_gbps {
+            WindowRoute::PageCacheDma
+        } else {
+            WindowRoute::Staged(IoMode::Buffered)
+        }
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        let chose = if self.route() == WindowRoute::PageCacheDma {
+            "page-cache DMA"
+        } else {
+            "staged"
+        };
+        format!(
+            "staged {:.1} GB/s, page-cache DMA {:.1} GB/s; chose {chose}",
+            self.staged_gbps, self.dma_gbps
+        )
+    }
+}
+
+/// `$XDG_CACHE_HOME/zerohop/hot-route.json`, else under `$HOME/.cache`.
+pub fn default_file() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("zerohop").join("hot-route.json"))
+}
+
+/// The key a measurement is stored under: the device and the kernel, since
+/// either changes which route is faster.
+pub(crate) fn key(device: &str) -> String {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{device} | kernel {}", kernel.trim())
+}
+
+pub(crate) fn load(path: &Path, key: &str) -> Option<HotChoice> {
+    let text = std::fs::read(path).ok()?;
+    let mut all: BTreeMap<String, HotChoice> = serde_json::from_slice(&text).ok()?;
+    all.remove(key)
+}
+
+/// Best effort: a cache that cannot be written costs a re-measurement later.
+pub(crate) fn store(path: &Path, key: &str, choice: HotChoice) {
+    let mut all: BTreeMap<String, HotChoice> = std::fs::read(path)
+        .ok()
+        .and_then(|t| serde_json::from_slice(&t).ok())
+        .unwrap_or_default();
+    all.insert(key.to_string(), choice);
+    let Some(dir) = path.parent() else { return };
+    let tmp = dir.join(format!(".hot-route.{}.tmp", std::process::id()));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| {
+            std::fs::write(
+                &tmp,
+                serde_json::to_vec_pretty(&all).expect("choices serialize"),
+            )
+        })
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_round_trip_per_key() {
+        let dir = std::env::temp_dir().join(format!("zerohop-hot-choice-{}", std::process::id()));
+        let file = dir.join("sub").join("hot-route.json");
+        let a = HotChoice {
+            staged_gbps: 30.0,
+            dma_gbps: 10.0,
+        };
+        let b = HotChoice {
+            staged_gbps: 12.0,
+            dma_gbps: 28.0,
+        };
+        assert_eq!(load(&file, "gpu a"), None);
+        store(&file, "gpu a", a);
+        store(&file, "gpu b", b);
+        assert_eq!(load(&file, "gpu a"), Some(a));
+        assert_eq!(
+            load(&file, "gpu b").map(|c| c.route()),
+            Some(WindowRoute::PageCacheDma)
+        );
+        assert_eq!(a.route(), WindowRoute::Staged(IoMode::Buffered));
+        std::fs::write(&file, "not json").unwrap();
+        assert_eq!(load(&file, "gpu a"), None, "a corrupt cache is ignored");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
