@@ -76,6 +76,27 @@ impl Default for EngineConfig {
     }
 }
 
+/// Buffered reads into staging slots: the route for hot files until measured.
+const STAGED: WindowRoute = WindowRoute::Staged(IoMode::Buffered);
+
+/// What one or more pipeline runs of a transfer did.
+#[derive(Default)]
+struct Phase {
+    moved: Moved,
+    windows: usize,
+    threads: usize,
+    notes: Vec<String>,
+}
+
+impl Phase {
+    fn absorb(&mut self, o: Phase) {
+        self.moved.add(o.moved);
+        self.windows += o.windows;
+        self.threads = self.threads.max(o.threads);
+        self.notes.extend(o.notes);
+    }
+}
+
 /// How a file's bytes travel, before the hot route is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FileRoute {
@@ -175,12 +196,8 @@ impl Engine {
     }
 
     /// Runs a planned transfer. Returns only when every byte has arrived (or
-    /// with the first error; partial success is never reported).
-    ///
-    /// With `HotRoute::Auto`, the first transfer that has enough hot bytes
-    /// measures both hot routes on its own bytes (a probe's worth each,
-    /// staged then page-cache DMA), moves the rest by the faster one, and
-    /// remembers the choice for later transfers.
+    /// with the first error; partial success is never reported). Transfers
+    /// on one engine run one at a time: they share its staging pool.
     pub fn transfer(
         &self,
         files: &[SourceFile],
@@ -191,115 +208,99 @@ impl Engine {
         let cpu_before = crate::stats::cpu_seconds();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         let routes: Vec<FileRoute> = files.iter().map(|f| self.route_for(f)).collect();
-        let chosen = *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner());
-        let remembered_in = self
-            .config
-            .hot_choice_file
-            .as_ref()
-            .map_or(String::new(), |p| format!(" (kept in {})", p.display()));
         let (hot, other): (Vec<Extent>, Vec<Extent>) = plan
             .extents()
             .iter()
             .partition(|e| routes[e.file] == FileRoute::Hot);
-        let hot_bytes: u64 = hot.iter().map(|e| e.len).sum();
-        let probe = self.config.hot_probe_bytes;
-        let mut phases: Vec<(Vec<Extent>, Option<WindowRoute>)> = Vec::new();
-        let mut notes = Vec::new();
-        let mut moved = Moved::default();
-        let mut windows = 0;
-        let mut threads = 0;
-        let fixed = |r: FileRoute| match r {
-            FileRoute::Fixed(w) => w,
-            FileRoute::Hot => unreachable!("hot files get a phase route"),
+        let mut done = Phase::default();
+        let (hot_route, hot_left) =
+            self.choose_hot_route(files, hot, &mut pool, progress, &mut done)?;
+        let extents: Vec<Extent> = hot_left.into_iter().chain(other).collect();
+        let route_of = |f: usize| match routes[f] {
+            FileRoute::Fixed(r) => r,
+            FileRoute::Hot => hot_route,
         };
-        match chosen {
-            Some(choice) => {
-                if hot_bytes > 0 {
-                    notes.push(format!(
-                        "hot route measured earlier{remembered_in}: {}",
-                        choice.describe()
-                    ));
-                }
-                phases.push((plan.extents().to_vec(), Some(choice.route())));
-            }
-            None if hot_bytes >= 4 * probe => {
-                let (a, rest) = split_extents(&hot, probe);
-                let (b, rest) = split_extents(&rest, probe);
-                let probe = |extents: Vec<Extent>,
-                             route,
-                             pool: &mut StagingPool,
-                             m: &mut Moved|
-                 -> Result<f64> {
-                    let t = Instant::now();
-                    let (mv, _, _, _) =
-                        self.run_phase(files, &extents, |_| route, pool, progress)?;
-                    m.add(mv);
-                    Ok(probe as f64 / t.elapsed().as_secs_f64() / 1e9)
-                };
-                let staged = probe(
-                    a,
-                    WindowRoute::Staged(IoMode::Buffered),
-                    &mut pool,
-                    &mut moved,
-                )?;
-                let dma = probe(b, WindowRoute::PageCacheDma, &mut pool, &mut moved)?;
-                let choice = HotChoice {
-                    staged_gbps: staged,
-                    dma_gbps: dma,
-                };
-                notes.push(format!(
-                    "hot route measured on this transfer: {}",
-                    choice.describe()
-                ));
-                *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) = Some(choice);
-                if let Some(file) = &self.config.hot_choice_file {
-                    hot_choice::store(file, &self.hot_choice_key, choice);
-                }
-                let route = choice.route();
-                phases.push((rest.into_iter().chain(other).collect(), Some(route)));
-            }
-            // Too little hot data to measure: the staged route, which does
-            // not pin page-cache pages, and won on the reference machine.
-            None => phases.push((
-                plan.extents().to_vec(),
-                Some(WindowRoute::Staged(IoMode::Buffered)),
-            )),
-        }
-        for (extents, hot_route) in phases {
-            let route_of = |f: usize| match routes[f] {
-                FileRoute::Hot => hot_route.expect("a hot route is set"),
-                r => fixed(r),
-            };
-            let (mv, w, t, n) = self.run_phase(files, &extents, route_of, &mut pool, progress)?;
-            moved.add(mv);
-            windows += w;
-            threads = threads.max(t);
-            notes.extend(n);
-        }
+        done.absorb(self.run_phase(files, &extents, route_of, &mut pool, progress)?);
+
         let mut stats = TransferStats {
             device: self.device.describe(),
             bytes: plan.bytes(),
             backend: self.backend.name().to_string(),
-            direct_bytes: moved.direct,
-            buffered_bytes: moved.buffered,
-            page_cache_dma_bytes: moved.page_cache_dma,
+            direct_bytes: done.moved.direct,
+            buffered_bytes: done.moved.buffered,
+            page_cache_dma_bytes: done.moved.page_cache_dma,
             staging_bytes: pool.bytes(),
-            io_threads: threads,
+            io_threads: done.threads,
             files: files.len(),
-            windows,
-            notes,
+            windows: done.windows,
+            notes: done.notes,
             ..Default::default()
         };
         debug_assert_eq!(
-            moved.direct + moved.buffered + moved.page_cache_dma,
+            stats.direct_bytes + stats.buffered_bytes + stats.page_cache_dma_bytes,
             plan.bytes()
         );
         stats.finish(started, cpu_before);
         Ok(stats)
     }
 
+    /// The route for hot files, and the hot extents still to move. With
+    /// `HotRoute::Auto` and no earlier measurement, the first transfer with
+    /// enough hot bytes moves a probe's worth by each route (staged, then
+    /// page-cache DMA), timing both; the faster takes the rest, and later
+    /// transfers (and processes, with `hot_choice_file`).
+    fn choose_hot_route(
+        &self,
+        files: &[SourceFile],
+        hot: Vec<Extent>,
+        pool: &mut StagingPool,
+        progress: Option<Progress<'_>>,
+        done: &mut Phase,
+    ) -> Result<(WindowRoute, Vec<Extent>)> {
+        if hot.is_empty() {
+            return Ok((STAGED, hot));
+        }
+        if let Some(choice) = *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) {
+            let kept = self
+                .config
+                .hot_choice_file
+                .as_ref()
+                .map_or(String::new(), |p| format!(" (kept in {})", p.display()));
+            done.notes.push(format!(
+                "hot route measured earlier{kept}: {}",
+                choice.describe()
+            ));
+            return Ok((choice.route(), hot));
+        }
+        let probe = self.config.hot_probe_bytes;
+        if hot.iter().map(|e| e.len).sum::<u64>() < 4 * probe {
+            // Too little to measure: the staged route, which pins no
+            // page-cache pages and won on the reference machine.
+            return Ok((STAGED, hot));
+        }
+        let (a, rest) = split_extents(&hot, probe);
+        let (b, rest) = split_extents(&rest, probe);
+        let mut timed = |extents: Vec<Extent>, route: WindowRoute| -> Result<f64> {
+            let t = Instant::now();
+            done.absorb(self.run_phase(files, &extents, |_| route, pool, progress)?);
+            Ok(probe as f64 / t.elapsed().as_secs_f64() / 1e9)
+        };
+        let choice = HotChoice {
+            staged_gbps: timed(a, STAGED)?,
+            dma_gbps: timed(b, WindowRoute::PageCacheDma)?,
+        };
+        done.notes.push(format!(
+            "hot route measured on this transfer: {}",
+            choice.describe()
+        ));
+        *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) = Some(choice);
+        if let Some(file) = &self.config.hot_choice_file {
+            hot_choice::store(file, &self.hot_choice_key, choice);
+        }
+        Ok((choice.route(), rest))
+    }
+
     /// One pipeline run over `extents`, each file taking `route_of(file)`.
-    /// Returns bytes moved, windows, I/O threads and notes.
     fn run_phase(
         &self,
         files: &[SourceFile],
@@ -307,9 +308,9 @@ impl Engine {
         route_of: impl Fn(usize) -> WindowRoute,
         pool: &mut StagingPool,
         progress: Option<Progress<'_>>,
-    ) -> Result<(Moved, usize, usize, Vec<String>)> {
+    ) -> Result<Phase> {
         let mut routes: Vec<WindowRoute> = (0..files.len()).map(route_of).collect();
-        let (maps, notes) = self.map_dma_files(files, extents, &mut routes);
+        let (maps, mut notes) = self.map_dma_files(files, extents, &mut routes);
         let items = self.work_items(extents, &routes, pool.config().slot_bytes as u64);
         let windows = items.len();
         let slots = pool.slots_mut();
@@ -342,13 +343,17 @@ impl Engine {
             progress,
         };
         let (moved, pin_refusal) = pipeline::run(&job, workers)?;
-        let mut notes = notes;
         if let Some(why) = pin_refusal {
             notes.push(format!(
                 "page-cache DMA could not pin pages ({why}); those windows were staged instead"
             ));
         }
-        Ok((moved, windows, threads, notes))
+        Ok(Phase {
+            moved,
+            windows,
+            threads,
+            notes,
+        })
     }
 
     /// The route for a file: `Hot` for files in the page cache (per

@@ -3,8 +3,9 @@
 //! queues the slot's copies at once; the slot is reused only after the fence
 //! recorded behind those copies has passed, so reads and copies overlap. For
 //! a page-cache DMA window it pins the window's pages of the file's mapping
-//! and lets the device copy straight from them. Before a worker returns, every fence it
-//! recorded has been waited for: no copy outlives the memory it reads.
+//! and lets the device copy straight from them (or stages the window when the
+//! pages cannot be pinned). Before a worker returns, every fence it recorded
+//! has been waited for: no copy outlives the memory it reads.
 
 use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
 use crate::plan::{Extent, Window, WindowCopy};

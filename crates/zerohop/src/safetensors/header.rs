@@ -353,58 +353,65 @@ mod tests {
 
     #[test]
     fn each_violation_has_a_clear_error() {
-        assert!(err(
-            r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
-            4
-        )
-        .contains("past the end"));
-        assert!(err(
-            r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
-            8
-        )
-        .contains("needs 12 bytes"));
-        assert!(err(
-            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#,
-            6
-        )
-        .contains("overlap"));
-        assert!(err(
-            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#,
-            6
-        )
-        .contains("gap"));
-        assert!(err(
-            r#"{"a":{"dtype":"Q4","shape":[4],"data_offsets":[0,4]}}"#,
-            4
-        )
-        .contains("unsupported dtype"));
-        assert!(err(
-            r#"{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,4]}}"#,
-            4
-        )
-        .contains("non-negative"));
-        assert!(err(
-            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[4,0]}}"#,
-            4
-        )
-        .contains("reversed"));
-        assert!(err(
-            r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4],"x":1}}"#,
-            4
-        )
-        .contains("unknown field"));
-        assert!(err(
-            r#"{"a":{"dtype":"U8","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}}"#,
-            4
-        )
-        .contains("too large"));
-        assert!(err(r#"[1,2]"#, 0).contains("not a JSON object"));
-        assert!(err(
-            r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#,
-            4
-        )
-        .contains("cover 2"));
-        assert!(err(r#"{"__metadata__":{"k":1}}"#, 0).contains("not a string"));
+        let overlap = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},
+                          "b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#;
+        let huge =
+            r#"{"a":{"dtype":"U8","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}}"#;
+        let cases: &[(&str, usize, &str)] = &[
+            (
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+                4,
+                "past the end",
+            ),
+            (
+                r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+                8,
+                "needs 12 bytes",
+            ),
+            (overlap, 6, "overlap"),
+            (
+                r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#,
+                6,
+                "gap",
+            ),
+            (
+                r#"{"a":{"dtype":"Q4","shape":[4],"data_offsets":[0,4]}}"#,
+                4,
+                "unsupported dtype",
+            ),
+            (
+                r#"{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,4]}}"#,
+                4,
+                "non-negative",
+            ),
+            (
+                r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[4,0]}}"#,
+                4,
+                "reversed",
+            ),
+            (
+                r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4],"x":1}}"#,
+                4,
+                "unknown field",
+            ),
+            (huge, 4, "too large"),
+            (r#"[1,2]"#, 0, "not a JSON object"),
+            (
+                r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#,
+                4,
+                "cover 2",
+            ),
+            (r#"{"__metadata__":{"k":1}}"#, 0, "not a string"),
+            (
+                r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0]}}"#,
+                1,
+                "exactly two",
+            ),
+        ];
+        for &(json, data, needle) in cases {
+            let e = err(json, data);
+            assert!(e.contains(needle), "{json}: {e}");
+        }
     }
 
     #[test]
