@@ -195,6 +195,32 @@ impl Engine {
         Ok((buffers, stats))
     }
 
+    /// Reads `dst.len()` bytes of `file` from `offset` into host memory the
+    /// caller owns (pinned or not), in place: no staging, no device. Uses
+    /// the engine's backend and I/O threads; O_DIRECT per `direct_io` where
+    /// `dst`, `offset` and the length are 4 KiB aligned.
+    pub fn read_to_host(
+        &self,
+        file: &SourceFile,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<TransferStats> {
+        let hot = file.resident_fraction() >= self.config.hot_threshold;
+        let direct = match self.config.direct_io {
+            DirectIo::Never => false,
+            DirectIo::Always => true,
+            DirectIo::Auto => !hot,
+        };
+        crate::host_read::read_to_host(
+            self.backend.as_ref(),
+            self.config.io_threads,
+            file,
+            offset,
+            dst,
+            direct,
+        )
+    }
+
     /// Runs a planned transfer. Returns only when every byte has arrived (or
     /// with the first error; partial success is never reported). Transfers
     /// on one engine run one at a time: they share its staging pool.

@@ -11,6 +11,7 @@
 pub mod device;
 mod engine;
 mod error;
+mod host_read;
 pub mod hot;
 pub mod hot_choice;
 mod pipeline;

@@ -469,3 +469,44 @@ fn refused_pins_fall_back_to_staging_with_a_note() {
         stats.notes
     );
 }
+
+#[test]
+fn files_read_into_caller_host_memory() {
+    let dir = TestDir::under(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), "host");
+    let data = pattern((20 << 20) + 4096 * 3 + 17, 12);
+    let path = write(&dir.path("h"), &data);
+    let files = Engine::open_files(&[&path]).unwrap();
+    for backend in backends() {
+        for direct in [DirectIo::Never, DirectIo::Always] {
+            let engine = Engine::with_backend(
+                sim(0),
+                config(8192, 4, 3, direct, HotRoute::Staged),
+                backend.clone(),
+            )
+            .unwrap();
+            // An aligned destination (O_DIRECT possible) and an odd one.
+            let layout = std::alloc::Layout::from_size_align(data.len(), 4096).unwrap();
+            // SAFETY: non-zero size; freed below.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            // SAFETY: we own `data.len()` zeroed bytes at `ptr`.
+            let aligned = unsafe { std::slice::from_raw_parts_mut(ptr, data.len()) };
+            let stats = engine
+                .read_to_host(&files[0], 0, &mut aligned[..20 << 20])
+                .unwrap();
+            assert!(aligned[..20 << 20] == data[..20 << 20]);
+            assert_eq!(stats.direct_bytes + stats.buffered_bytes, 20 << 20);
+            if direct == DirectIo::Always && files[0].direct_capable() {
+                assert_eq!(stats.direct_bytes, 20 << 20, "{}", stats.path);
+            }
+            let mut odd = vec![0u8; 5_000_001];
+            engine.read_to_host(&files[0], 777, &mut odd).unwrap();
+            assert!(odd[..] == data[777..777 + odd.len()]);
+            let e = engine
+                .read_to_host(&files[0], data.len() as u64 - 10, &mut odd)
+                .unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Io);
+            // SAFETY: allocated above with this layout.
+            unsafe { std::alloc::dealloc(ptr, layout) };
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Files into host memory (pinned or not) that the caller owns: no staging
+//! and no GPU, the reads land in place. The I/O threads each take 8 MiB
+//! chunks; O_DIRECT is used for cold files where the chunk is aligned.
+
+use crate::stats::TransferStats;
+use crate::storage::{IoMode, ReadBackend, SourceFile, DIRECT_ALIGN};
+use crate::{Error, ErrorKind, Result};
+use std::sync::Mutex;
+use std::time::Instant;
+
+const CHUNK: usize = 8 << 20;
+
+/// Reads `dst.len()` bytes of `file` from `offset` into `dst` with
+/// `threads` readers. `direct` asks for O_DIRECT where alignment allows.
+pub(crate) fn read_to_host(
+    backend: &dyn ReadBackend,
+    threads: usize,
+    file: &SourceFile,
+    offset: u64,
+    dst: &mut [u8],
+    direct: bool,
+) -> Result<TransferStats> {
+    let started = Instant::now();
+    let cpu_before = crate::stats::cpu_seconds();
+    let len = dst.len() as u64;
+    if offset.checked_add(len).is_none_or(|end| end > file.len()) {
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "{}: {len} bytes at offset {offset} run past the end of the file ({} bytes)",
+                file.path().display(),
+                file.len()
+            ),
+        ));
+    }
+    let aligned = |at: u64, buf: &[u8]| {
+        at.is_multiple_of(DIRECT_ALIGN)
+            && (buf.len() as u64).is_multiple_of(DIRECT_ALIGN)
+            && (buf.as_ptr() as u64).is_multiple_of(DIRECT_ALIGN)
+    };
+    let chunks: Vec<(u64, &mut [u8])> = dst
+        .chunks_mut(CHUNK)
+        .enumerate()
+        .map(|(i, c)| (offset + (i * CHUNK) as u64, c))
+        .collect();
+    let count = chunks.len();
+    let queue = Mutex::new(chunks.into_iter());
+    let totals = Mutex::new((0u64, 0u64)); // direct, buffered
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = (0..threads.clamp(1, count.max(1)))
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    let mut reader = backend
+                        .reader()
+                        .map_err(|e| Error::io(file.path(), "cannot start a reader for", e))?;
+                    loop {
+                        let next = queue.lock().unwrap().next();
+                        let Some((at, buf)) = next else { return Ok(()) };
+                        let mode = if direct && file.direct_capable() && aligned(at, buf) {
+                            IoMode::Direct
+                        } else {
+                            IoMode::Buffered
+                        };
+                        let got = reader.read_at(file, mode, at, buf).map_err(|e| {
+                            Error::io(file.path(), &format!("read at offset {at} failed in"), e)
+                        })?;
+                        if got < buf.len() {
+                            return Err(Error::new(
+                                ErrorKind::Io,
+                                format!(
+                                    "{}: file ended at byte {} (truncated while reading?)",
+                                    file.path().display(),
+                                    at + got as u64
+                                ),
+                            ));
+                        }
+                        let mut t = totals.lock().unwrap();
+                        match mode {
+                            IoMode::Direct => t.0 += got as u64,
+                            IoMode::Buffered => t.1 += got as u64,
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .unwrap_or_else(|_| Err(Error::invalid("a reader panicked")))
+        })
+    })?;
+    let (direct_bytes, buffered_bytes) = totals.into_inner().unwrap();
+    let mut stats = TransferStats {
+        device: "host memory (caller's buffer)".into(),
+        bytes: len,
+        backend: backend.name().to_string(),
+        direct_bytes,
+        buffered_bytes,
+        io_threads: threads.clamp(1, count.max(1)),
+        files: 1,
+        windows: count,
+        ..Default::default()
+    };
+    stats.finish(started, cpu_before);
+    stats.path = format!(
+        "host read ({} straight into the destination, no staging)",
+        backend.name()
+    );
+    Ok(stats)
+}
