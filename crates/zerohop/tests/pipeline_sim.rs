@@ -227,6 +227,31 @@ fn tmpfs_refuses_o_direct_and_falls_back_to_buffered() {
 }
 
 #[test]
+fn refused_direct_reads_fall_back_to_buffered() {
+    let dir = TestDir::under(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), "refuse");
+    let data = pattern(700_001, 6);
+    let path = write(&dir.path("r"), &data);
+    for backend in backends() {
+        let dev = sim(10);
+        let b = Arc::new(FaultyBackend::new(backend, vec![Fault::RefuseDirect]));
+        let engine = Engine::with_backend(
+            dev.clone(),
+            config(65536, 4, 2, DirectIo::Always, HotRoute::Staged),
+            b,
+        )
+        .unwrap();
+        let (bufs, stats) = engine.load_files(&[&path], None).unwrap();
+        assert_eq!(
+            (stats.direct_bytes, stats.buffered_bytes),
+            (0, data.len() as u64),
+            "{}",
+            stats.path
+        );
+        assert!(read_all(dev.as_ref(), &bufs[0]) == data);
+    }
+}
+
+#[test]
 fn direct_reads_are_used_where_allowed() {
     let dir = TestDir::under(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), "direct");
     let data = pattern(1_000_003, 5);

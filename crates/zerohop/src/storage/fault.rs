@@ -10,6 +10,9 @@ pub enum Fault {
     /// The file appears to end at `at`: reads return fewer bytes, as a file
     /// truncated under us would.
     ShortRead { at: u64 },
+    /// O_DIRECT reads fail with EINVAL, as on file systems that accept the
+    /// flag at open but not the read (older tmpfs, some FUSE).
+    RefuseDirect,
 }
 
 /// Wraps a backend and injects [`Fault`]s (tests and fault drills).
@@ -58,6 +61,9 @@ impl BlockReader for FaultyReader {
                 }
                 Fault::ShortRead { at } if at < end => {
                     limit = limit.min(at.saturating_sub(offset) as usize)
+                }
+                Fault::RefuseDirect if mode == IoMode::Direct => {
+                    return Err(io::Error::from_raw_os_error(libc::EINVAL))
                 }
                 _ => {}
             }
