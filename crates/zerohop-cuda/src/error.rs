@@ -14,6 +14,8 @@ pub enum CudaErrorKind {
     InvalidDevice,
     /// Device or pinned host memory is exhausted.
     OutOfMemory,
+    /// A range outside an allocation was asked for (checked before any call).
+    OutOfRange,
     /// Any other driver error, with its numeric code.
     Driver(u32),
 }

@@ -78,7 +78,7 @@ impl DeviceAllocation {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(CudaError::new(
-                CudaErrorKind::Driver(1),
+                CudaErrorKind::OutOfRange,
                 "range check",
                 format!(
                     "{len} bytes at offset {offset} exceed the {}-byte allocation",
