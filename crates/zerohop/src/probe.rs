@@ -40,7 +40,7 @@ pub fn page_cache_residency(file: &File, len: u64) -> std::io::Result<f64> {
 
 /// Whether the kernel lets this process create an io_uring.
 pub fn io_uring_available() -> Result<(), String> {
-    io_uring::IoUring::new(2)
+    crate::storage::UringBackend::probe()
         .map(|_| ())
         .map_err(|e| e.to_string())
 }

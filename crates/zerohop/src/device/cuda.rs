@@ -1,7 +1,7 @@
 use super::{
     CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceKind, Fence, HostPin, StagingMemory,
 };
-use crate::{Error, ErrorKind, Result};
+use crate::{Error, Result};
 use std::sync::Arc;
 use zerohop_cuda::{
     Context, DeviceAllocation, Driver, Event, HostRegistration, PinnedBuffer, Stream,
@@ -81,31 +81,18 @@ impl Device for CudaDevice {
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
-        check_range(src, offset, dst.len())?;
+        let src = src.slice(offset, dst.len())?;
         // Borrowed buffers have no `DeviceAllocation` to call; copy through a
         // synchronous stream copy into pinned memory instead.
         let mut pinned = PinnedBuffer::new(&self.ctx, dst.len())?;
         let stream = Stream::new(&self.ctx)?;
-        // SAFETY: the source range lies in `src` (checked above), the pinned
+        // SAFETY: the source range is `src` (a checked slice), the pinned
         // destination is ours, and we synchronize before reading it.
-        unsafe { stream.copy_d2h(src.addr() + offset as u64, pinned.as_mut_ptr(), dst.len())? };
+        unsafe { stream.copy_d2h(src.addr(), pinned.as_mut_ptr(), dst.len())? };
         stream.synchronize()?;
         // SAFETY: `pinned` holds `dst.len()` initialised bytes after the sync.
         dst.copy_from_slice(unsafe { std::slice::from_raw_parts(pinned.as_ptr(), dst.len()) });
         Ok(())
-    }
-}
-
-pub(super) fn check_range(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<()> {
-    match offset.checked_add(len) {
-        Some(end) if end <= buf.len() => Ok(()),
-        _ => Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!(
-                "{len} bytes at offset {offset} exceed the {}-byte buffer",
-                buf.len()
-            ),
-        )),
     }
 }
 

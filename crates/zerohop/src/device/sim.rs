@@ -208,9 +208,8 @@ impl Device for SimDevice {
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
-        super::cuda::check_range(src, offset, dst.len())?;
+        let addr = src.slice(offset, dst.len())?.addr();
         let reg = self.registry.lock().unwrap();
-        let addr = src.addr() + offset as u64;
         if !reg.contains(addr, dst.len() as u64, &[Region::Device]) {
             return Err(Error::new(
                 ErrorKind::Device,
