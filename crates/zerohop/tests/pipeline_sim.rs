@@ -48,6 +48,17 @@ fn backends() -> Vec<Arc<dyn ReadBackend>> {
     v
 }
 
+/// Loads one whole file and checks the device holds exactly `data`.
+fn load_exact(engine: &Engine, path: &std::path::Path, data: &[u8]) -> zerohop::TransferStats {
+    let (bufs, stats) = engine.load_files(&[path], None).unwrap();
+    assert!(
+        read_all(engine.device().as_ref(), &bufs[0]) == data,
+        "{}",
+        stats.path
+    );
+    stats
+}
+
 fn read_all(dev: &dyn Device, buf: &DeviceBuffer) -> Vec<u8> {
     let mut out = vec![0u8; buf.len()];
     dev.read_back(buf, 0, &mut out).unwrap();
@@ -220,10 +231,9 @@ fn tmpfs_refuses_o_direct_and_falls_back_to_buffered() {
         config(8192, 4, 2, DirectIo::Always, HotRoute::Staged),
     )
     .unwrap();
-    let (bufs, stats) = engine.load_files(&[&path], None).unwrap();
+    let stats = load_exact(&engine, &path, &data);
     assert_eq!(stats.direct_bytes, 0);
     assert_eq!(stats.buffered_bytes, data.len() as u64);
-    assert!(read_all(dev.as_ref(), &bufs[0]) == data);
 }
 
 #[test]
@@ -240,14 +250,13 @@ fn refused_direct_reads_fall_back_to_buffered() {
             b,
         )
         .unwrap();
-        let (bufs, stats) = engine.load_files(&[&path], None).unwrap();
+        let stats = load_exact(&engine, &path, &data);
         assert_eq!(
             (stats.direct_bytes, stats.buffered_bytes),
             (0, data.len() as u64),
             "{}",
             stats.path
         );
-        assert!(read_all(dev.as_ref(), &bufs[0]) == data);
     }
 }
 
@@ -266,9 +275,8 @@ fn direct_reads_are_used_where_allowed() {
         config(65536, 4, 2, DirectIo::Always, HotRoute::Staged),
     )
     .unwrap();
-    let (bufs, stats) = engine.load_files(&[&path], None).unwrap();
+    let stats = load_exact(&engine, &path, &data);
     assert_eq!(stats.direct_bytes, data.len() as u64, "{}", stats.path);
-    assert!(read_all(dev.as_ref(), &bufs[0]) == data);
 }
 
 fn faulty(faults: Vec<Fault>, backend: Arc<dyn ReadBackend>) -> zerohop::Error {
@@ -406,8 +414,7 @@ fn auto_measures_both_hot_routes_then_keeps_the_faster() {
     let mut c = config(65536, 8, 2, DirectIo::Auto, HotRoute::Auto);
     c.hot_probe_bytes = 256 << 10;
     let engine = Engine::new(dev.clone(), c).unwrap();
-    let (bufs, first) = engine.load_files(&[&path], None).unwrap();
-    assert!(read_all(dev.as_ref(), &bufs[0]) == data);
+    let first = load_exact(&engine, &path, &data);
     assert!(
         first.notes.iter().any(|n| n.contains("hot route measured")),
         "{:?}",
@@ -417,8 +424,7 @@ fn auto_measures_both_hot_routes_then_keeps_the_faster() {
         first.buffered_bytes >= 256 << 10 && first.page_cache_dma_bytes >= 256 << 10,
         "{first:?}"
     );
-    let (bufs, second) = engine.load_files(&[&path], None).unwrap();
-    assert!(read_all(dev.as_ref(), &bufs[0]) == data);
+    let second = load_exact(&engine, &path, &data);
     assert!(
         second.notes.iter().all(|n| n.contains("measured earlier")),
         "{:?}",
@@ -479,8 +485,7 @@ fn refused_pins_fall_back_to_staging_with_a_note() {
         config(8192, 4, 2, DirectIo::Never, HotRoute::PageCacheDma),
     )
     .unwrap();
-    let (bufs, stats) = engine.load_files(&[&path], None).unwrap();
-    assert!(read_all(dev.as_ref(), &bufs[0]) == data);
+    let stats = load_exact(&engine, &path, &data);
     assert_eq!(
         (stats.page_cache_dma_bytes, stats.buffered_bytes),
         (0, data.len() as u64)
