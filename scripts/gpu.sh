@@ -65,11 +65,12 @@ device() {
         sweep)
             # Hot-route settings on the tmpfs file: GB/s per configuration.
             ensure_hot
+            echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled)"
             # ZEROHOP_SWEEP: ';'-separated load option sets to compare.
             IFS=';' read -ra configs <<< "${ZEROHOP_SWEEP:---hot-route staged;--hot-route dma}"
             for args in "${configs[@]}"; do
-                r=$(zerohop load $HOT --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); print("%6.2f GB/s cpu %.2fs" % (s["gbps"], s["cpu_seconds"]))')
-                echo "sweep  $r  $args" | tee -a "$OUT/sweep.txt"
+                r=$(zerohop load $HOT --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); p=s["profile"]; w=p["worker_seconds"] or 1; print("%6.2f GB/s cpu %.2fs read %2.0f%% wait %2.0f%%" % (s["gbps"], s["cpu_seconds"], 100*p["read_seconds"]/w, 100*p["copy_wait_seconds"]/w))')
+                echo "sweep  $r  ${ZEROHOP_SWEEP_LABEL:-} $args" | tee -a "$OUT/sweep.txt"
             done
             ;;
         peers)
@@ -77,7 +78,7 @@ device() {
             python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
             export PYTHONPATH=/tmp/site
             PYTHONUNBUFFERED=1 python3 bench/peers.py $HOT --modes hot --zerohop .stage/bin/zerohop --json-out "$OUT/peers-tmpfs.json" | tee "$OUT/peers-tmpfs.txt"
-            PYTHONUNBUFFERED=1 python3 bench/peers.py $DISK --modes cold --repeat 2 --zerohop .stage/bin/zerohop --json-out "$OUT/peers-disk.json" | tee "$OUT/peers-disk.txt"
+            [ -n "${ZEROHOP_PEERS_HOT_ONLY:-}" ] || PYTHONUNBUFFERED=1 python3 bench/peers.py $DISK --modes cold --repeat 2 --zerohop .stage/bin/zerohop --json-out "$OUT/peers-disk.json" | tee "$OUT/peers-disk.txt"
             ;;
         *) echo "unknown step $step"; exit 2 ;;
         esac

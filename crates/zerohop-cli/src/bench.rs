@@ -43,6 +43,12 @@ struct Limit {
 }
 
 #[derive(Serialize)]
+struct Contended {
+    read_gbps: f64,
+    h2d_gbps: f64,
+}
+
+#[derive(Serialize)]
 struct Run {
     route: String,
     gbps: f64,
@@ -58,6 +64,8 @@ struct Report {
     device: String,
     h2d_pinned_gbps: f64,
     raw_reads: Vec<Limit>,
+    /// Raw read and pinned H2D measured at the same time (hot runs only).
+    contended: Option<Contended>,
     runs: Vec<Run>,
     best_gbps: f64,
     ratio_to_h2d: f64,
@@ -89,7 +97,8 @@ fn bench_load(a: &BenchLoadArgs) -> Result<()> {
     ));
     say(format!("device   {}", device.describe()));
 
-    let h2d = h2d_bandwidth(device.as_ref())?;
+    let mut h2d_probe = H2dProbe::new(device.as_ref())?;
+    let h2d = h2d_probe.run(H2dProbe::ROUNDS)?;
     say(format!("limit    pinned host->device copy: {h2d:.2} GB/s"));
 
     let mut cache_drop = None;
@@ -141,6 +150,24 @@ fn bench_load(a: &BenchLoadArgs) -> Result<()> {
         }
     }
     let best_raw = raw_reads.iter().map(|l| l.gbps).fold(0.0, f64::max);
+    // The staged hot route reads the page cache and feeds the GPU at once,
+    // and both draw on host memory bandwidth: measure them side by side.
+    let mut contended = None;
+    if !a.cold && matches!(device.kind(), zerohop::DeviceKind::Cuda(_)) {
+        prepare()?;
+        let (read, copy) = std::thread::scope(|s| {
+            let copier = s.spawn(|| h2d_probe.run(2 * H2dProbe::ROUNDS));
+            let read = raw_read(&a.file, BackendKind::Auto, IoMode::Buffered, threads);
+            (read, copier.join().expect("H2D copier does not panic"))
+        });
+        let (read, copy) = (read?.1, copy?);
+        say(format!("limit    both at once: raw read {read:.2} GB/s with pinned H2D copies running throughout (they averaged {copy:.2} GB/s over their longer run)"));
+        drop(h2d_probe);
+        contended = Some(Contended {
+            read_gbps: read,
+            h2d_gbps: copy,
+        });
+    }
 
     let mut routes = vec![(a.engine.hot_route, "auto")];
     if a.compare_routes && !a.cold {
@@ -164,6 +191,7 @@ fn bench_load(a: &BenchLoadArgs) -> Result<()> {
                 "run      {label:<15} #{i}: {:.2} GB/s ({:.3} s) via {}",
                 stats.gbps, stats.seconds, stats.path
             ));
+            say(format!("profile  {}", stats.profile.describe()));
             for n in &stats.notes {
                 say(format!("note     {n}"));
             }
@@ -183,6 +211,7 @@ fn bench_load(a: &BenchLoadArgs) -> Result<()> {
         device: device.describe(),
         h2d_pinned_gbps: h2d,
         raw_reads,
+        contended,
         runs,
         best_gbps: best,
         ratio_to_h2d: best / h2d,
@@ -221,40 +250,56 @@ fn warm(path: &Path) -> Result<()> {
     raw_read(path, BackendKind::Pread, IoMode::Buffered, 4).map(|_| ())
 }
 
-/// Pinned host->device bandwidth: 4 queues each copying a 64 MiB pinned
-/// buffer into its own region of a 1 GiB device buffer, 8 GiB in all.
-fn h2d_bandwidth(device: &dyn Device) -> Result<f64> {
+/// Pinned host->device copies: 4 queues each copying a 64 MiB pinned buffer
+/// into its own region of a 1 GiB device buffer. Allocated (and warmed) once,
+/// so a timed run starts copying at once.
+struct H2dProbe {
+    dst: zerohop::DeviceBuffer,
+    srcs: Vec<Box<dyn zerohop::device::StagingMemory>>,
+    queues: Vec<Box<dyn zerohop::device::CopyQueue>>,
+}
+
+impl H2dProbe {
     const CHUNK: usize = 64 << 20;
     const QUEUES: usize = 4;
+    /// Rounds for the limit: 8 GiB in all.
     const ROUNDS: usize = 32;
-    let dst = device.alloc(QUEUES * 4 * CHUNK)?;
-    let mut srcs: Vec<_> = (0..QUEUES)
-        .map(|_| device.alloc_staging(CHUNK))
-        .collect::<Result<_>>()?;
-    let queues: Vec<_> = (0..QUEUES)
-        .map(|_| device.new_queue())
-        .collect::<Result<_>>()?;
-    let mut round = |rounds: usize| -> Result<f64> {
+
+    fn new(device: &dyn Device) -> Result<Self> {
+        let mut probe = H2dProbe {
+            dst: device.alloc(Self::QUEUES * 4 * Self::CHUNK)?,
+            srcs: (0..Self::QUEUES)
+                .map(|_| device.alloc_staging(Self::CHUNK))
+                .collect::<Result<_>>()?,
+            queues: (0..Self::QUEUES)
+                .map(|_| device.new_queue())
+                .collect::<Result<_>>()?,
+        };
+        probe.run(2)?;
+        Ok(probe)
+    }
+
+    /// GB/s of `rounds` rounds of copies on every queue.
+    fn run(&mut self, rounds: usize) -> Result<f64> {
         let t = Instant::now();
-        let mut fences = Vec::new();
         for r in 0..rounds {
-            for (q, (queue, src)) in queues.iter().zip(srcs.iter_mut()).enumerate() {
-                let at = dst.addr() + ((q * 4 + r % 4) * CHUNK) as u64;
+            for (q, (queue, src)) in self.queues.iter().zip(self.srcs.iter_mut()).enumerate() {
+                let at = self.dst.addr() + ((q * 4 + r % 4) * Self::CHUNK) as u64;
                 // SAFETY: the source is our staging buffer, the destination a
                 // region inside `dst`; both live until the fences below pass.
-                unsafe { queue.copy_to_device(src.as_mut_ptr(), at, CHUNK)? };
+                unsafe { queue.copy_to_device(src.as_mut_ptr(), at, Self::CHUNK)? };
             }
         }
-        for q in &queues {
-            fences.push(q.record()?);
-        }
+        let fences: Vec<_> = self
+            .queues
+            .iter()
+            .map(|q| q.record())
+            .collect::<Result<_>>()?;
         for f in fences {
             f.wait()?;
         }
-        Ok((rounds * QUEUES * CHUNK) as f64 / t.elapsed().as_secs_f64() / 1e9)
-    };
-    round(2)?;
-    round(ROUNDS)
+        Ok((rounds * Self::QUEUES * Self::CHUNK) as f64 / t.elapsed().as_secs_f64() / 1e9)
+    }
 }
 
 /// Reads the whole file into host memory (not the GPU) with `threads`

@@ -259,6 +259,7 @@ impl Engine {
             io_threads: done.threads,
             files: files.len(),
             windows: done.windows,
+            profile: done.moved.profile,
             notes: done.notes,
             ..Default::default()
         };

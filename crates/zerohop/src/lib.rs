@@ -26,4 +26,4 @@ pub use device::{open_device, Device, DeviceBuffer, DeviceKind};
 pub use engine::{DirectIo, Engine, EngineConfig, HotRoute};
 pub use error::{Error, ErrorKind, Result};
 pub use pipeline::Progress;
-pub use stats::TransferStats;
+pub use stats::{TransferStats, WorkerProfile};

@@ -9,11 +9,13 @@
 
 use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
 use crate::plan::{Extent, Window, WindowCopy};
+use crate::stats::WorkerProfile;
 use crate::storage::{BlockReader, IoMode, SourceFile};
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 /// How one window's bytes reach the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,12 +30,13 @@ pub(crate) struct WorkItem {
     pub route: WindowRoute,
 }
 
-/// Byte counts one worker moved, by route.
+/// Byte counts one worker moved, by route, and where its time went.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Moved {
     pub direct: u64,
     pub buffered: u64,
     pub page_cache_dma: u64,
+    pub profile: WorkerProfile,
 }
 
 impl Moved {
@@ -41,6 +44,7 @@ impl Moved {
         self.direct += o.direct;
         self.buffered += o.buffered;
         self.page_cache_dma += o.page_cache_dma;
+        self.profile.add(o.profile);
     }
 }
 
@@ -132,6 +136,7 @@ pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Opt
 }
 
 fn work(shared: &Shared<'_>, mut w: Worker<'_>) -> Result<Moved> {
+    let started = Instant::now();
     let mut free: Vec<usize> = (0..w.slots.len()).collect();
     let mut pending: VecDeque<(Box<dyn Fence>, Held)> = VecDeque::new();
     let mut moved = Moved::default();
@@ -139,11 +144,14 @@ fn work(shared: &Shared<'_>, mut w: Worker<'_>) -> Result<Moved> {
     // Whatever happened, wait for every queued copy before the slots and
     // pinned pages can be reused or released.
     let mut drained = Ok(());
+    let waited = Instant::now();
     for (fence, _) in pending.drain(..) {
         if let Err(e) = fence.wait() {
             drained = drained.and(Err(e));
         }
     }
+    moved.profile.copy_wait_seconds += waited.elapsed().as_secs_f64();
+    moved.profile.worker_seconds = started.elapsed().as_secs_f64();
     result.and(drained).map(|_| moved)
 }
 
@@ -169,23 +177,28 @@ fn work_items(
                     .count()
                     >= MAX_DMA_IN_FLIGHT
                 {
-                    wait_oldest(pending, free)?;
+                    wait_oldest(pending, free, &mut moved.profile)?;
                 }
                 let map = job.maps[win.file]
                     .as_ref()
                     .expect("DMA-route files are mapped");
                 let (ptr, len) = map.range(win.start, win.read_len);
                 assert!(len as u64 >= win.needed, "DMA window past the mapping");
+                let pinning = Instant::now();
                 crate::hot::populate(ptr, len);
                 // SAFETY: the mapping outlives the job, and the pin is held on
                 // `pending` until the copies' fence has passed. Windows never
                 // overlap, so no page is pinned twice.
-                match unsafe { job.device.pin_host(ptr, len) } {
+                let pinned = unsafe { job.device.pin_host(ptr, len) };
+                moved.profile.pin_seconds += pinning.elapsed().as_secs_f64();
+                match pinned {
                     Ok(Some(pin)) => {
                         // SAFETY: the pinned range covers every copy's source
                         // and stays pinned and mapped until the fence passes.
-                        unsafe { queue_copies(w.queue.as_ref(), ptr, &win.copies)? };
-                        pending.push_back((w.queue.record()?, Held::Pin { _pin: pin }));
+                        let fence = unsafe {
+                            queue_copies(w.queue.as_ref(), ptr, &win.copies, &mut moved.profile)?
+                        };
+                        pending.push_back((fence, Held::Pin { _pin: pin }));
                         moved.page_cache_dma += win.payload();
                     }
                     refused => {
@@ -226,9 +239,13 @@ fn work_items(
 fn wait_oldest(
     pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
     free: &mut Vec<usize>,
+    profile: &mut WorkerProfile,
 ) -> Result<()> {
     let (fence, held) = pending.pop_front().expect("something is pending");
-    fence.wait()?;
+    let t = Instant::now();
+    let waited = fence.wait();
+    profile.copy_wait_seconds += t.elapsed().as_secs_f64();
+    waited?;
     if let Held::Slot(s) = held {
         free.push(s);
     }
@@ -246,10 +263,13 @@ fn stage(
     win: &Window,
 ) -> Result<()> {
     while free.is_empty() {
-        wait_oldest(pending, free)?;
+        wait_oldest(pending, free, &mut moved.profile)?;
     }
     let slot = free.pop().expect("a slot is free");
-    let used = match read_window(w, slot, file, mode, win) {
+    let t = Instant::now();
+    let read = read_window(w, slot, file, mode, win);
+    moved.profile.read_seconds += t.elapsed().as_secs_f64();
+    let used = match read {
         Ok(used) => used,
         Err(e) => {
             free.push(slot);
@@ -260,8 +280,8 @@ fn stage(
     // SAFETY: the slot holds `win.needed` freshly read bytes, and it stays
     // untouched until the fence below has been waited for (it is on
     // `pending` and not in `free`).
-    unsafe { queue_copies(w.queue.as_ref(), base, &win.copies)? };
-    pending.push_back((w.queue.record()?, Held::Slot(slot)));
+    let fence = unsafe { queue_copies(w.queue.as_ref(), base, &win.copies, &mut moved.profile)? };
+    pending.push_back((fence, Held::Slot(slot)));
     match used {
         IoMode::Direct => moved.direct += win.payload(),
         IoMode::Buffered => moved.buffered += win.payload(),
@@ -325,18 +345,24 @@ fn read_window(
     Ok(mode)
 }
 
+/// Queues a window's copies and returns the fence behind them.
+///
 /// # Safety
 /// `base + c.window_offset .. + c.len` must be readable for every copy and
-/// stay unchanged until a fence recorded afterwards has passed.
+/// stay unchanged until the returned fence has passed.
 unsafe fn queue_copies(
     queue: &dyn CopyQueue,
     base: *const u8,
     copies: &[WindowCopy],
-) -> Result<()> {
+    profile: &mut WorkerProfile,
+) -> Result<Box<dyn Fence>> {
+    let t = Instant::now();
     for c in copies {
         // SAFETY: forwarded from this function's contract; destinations were
         // bounds-checked when the plan was built.
         unsafe { queue.copy_to_device(base.add(c.window_offset as usize), c.dst, c.len as usize)? };
     }
-    Ok(())
+    let fence = queue.record();
+    profile.queue_seconds += t.elapsed().as_secs_f64();
+    fence
 }

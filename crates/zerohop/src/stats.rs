@@ -39,8 +39,55 @@ pub struct TransferStats {
     /// User + system CPU time of the process during the transfer.
     pub cpu_seconds: f64,
     pub cpu_seconds_per_gb: f64,
+    /// Where the I/O workers' time went.
+    pub profile: WorkerProfile,
     /// Anything the transfer did differently than configured, and why.
     pub notes: Vec<String>,
+}
+
+/// Where the I/O workers' time went, summed over workers: the profile that
+/// says which side (reading, or waiting for the device) limits a transfer.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct WorkerProfile {
+    /// Wall time of all workers together.
+    pub worker_seconds: f64,
+    /// Reading file bytes into staging slots (for hot files, the kernel's
+    /// copy out of the page cache).
+    pub read_seconds: f64,
+    /// Pinning page-cache windows for the DMA route.
+    pub pin_seconds: f64,
+    /// Queueing copies and recording their fences.
+    pub queue_seconds: f64,
+    /// Blocked until earlier copies finished, so a slot or pin was free.
+    pub copy_wait_seconds: f64,
+}
+
+impl WorkerProfile {
+    pub(crate) fn add(&mut self, o: WorkerProfile) {
+        self.worker_seconds += o.worker_seconds;
+        self.read_seconds += o.read_seconds;
+        self.pin_seconds += o.pin_seconds;
+        self.queue_seconds += o.queue_seconds;
+        self.copy_wait_seconds += o.copy_wait_seconds;
+    }
+
+    /// One line: each part's share of the workers' time.
+    pub fn describe(&self) -> String {
+        let share = |x: f64| {
+            if self.worker_seconds > 0.0 {
+                100.0 * x / self.worker_seconds
+            } else {
+                0.0
+            }
+        };
+        format!(
+            "workers' time: read {:.0}%, pin {:.0}%, queue copies {:.0}%, wait for copies {:.0}%",
+            share(self.read_seconds),
+            share(self.pin_seconds),
+            share(self.queue_seconds),
+            share(self.copy_wait_seconds)
+        )
+    }
 }
 
 impl TransferStats {

@@ -2,7 +2,7 @@ use super::{
     CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceKind, Fence, HostPin, StagingMemory,
 };
 use crate::{Error, Result};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use zerohop_cuda::{
     Context, DeviceAllocation, Driver, Event, HostRegistration, PinnedBuffer, Stream,
 };
@@ -70,6 +70,7 @@ impl Device for CudaDevice {
         Ok(Box::new(CudaQueue {
             stream: Stream::new(&self.ctx)?,
             ctx: self.ctx.clone(),
+            spare_events: Arc::default(),
         }))
     }
 
@@ -116,6 +117,9 @@ impl HostPin for Registered {}
 struct CudaQueue {
     ctx: Arc<Context>,
     stream: Stream,
+    /// Events whose fences were dropped, kept for reuse: creating an event
+    /// per window cost measurable driver time on hot loads.
+    spare_events: Arc<Mutex<Vec<Event>>>,
 }
 
 impl CopyQueue for CudaQueue {
@@ -125,16 +129,42 @@ impl CopyQueue for CudaQueue {
     }
 
     fn record(&self) -> Result<Box<dyn Fence>> {
-        let event = Event::new(&self.ctx)?;
+        let spare = self
+            .spare_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        let event = match spare {
+            Some(e) => e,
+            None => Event::new(&self.ctx)?,
+        };
+        // Re-recording an event is allowed whatever it recorded before: its
+        // last fence was dropped, so nobody waits on the old point.
         event.record(&self.stream)?;
-        Ok(Box::new(CudaFence(event)))
+        Ok(Box::new(CudaFence {
+            event: Some(event),
+            spare: self.spare_events.clone(),
+        }))
     }
 }
 
-struct CudaFence(Event);
+struct CudaFence {
+    /// `Some` until dropped.
+    event: Option<Event>,
+    spare: Arc<Mutex<Vec<Event>>>,
+}
 
 impl Fence for CudaFence {
     fn wait(&self) -> Result<()> {
-        self.0.synchronize().map_err(Error::from)
+        let event = self.event.as_ref().expect("a live fence has its event");
+        event.synchronize().map_err(Error::from)
+    }
+}
+
+impl Drop for CudaFence {
+    fn drop(&mut self) {
+        if let Some(e) = self.event.take() {
+            self.spare.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+        }
     }
 }
