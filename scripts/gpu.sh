@@ -69,7 +69,7 @@ device() {
             # ZEROHOP_SWEEP: ';'-separated load option sets to compare.
             IFS=';' read -ra configs <<< "${ZEROHOP_SWEEP:---hot-route staged;--hot-route dma}"
             for args in "${configs[@]}"; do
-                r=$(zerohop load $HOT --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); p=s["profile"]; w=p["worker_seconds"] or 1; print("%6.2f GB/s cpu %.2fs read %2.0f%% wait %2.0f%%" % (s["gbps"], s["cpu_seconds"], 100*p["read_seconds"]/w, 100*p["copy_wait_seconds"]/w))')
+                r=$(zerohop load $HOT --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); p=s["profile"]; w=p["worker_seconds"] or 1; print("%6.2f GB/s cpu %.2fs read %2.0f%% wait %2.0f%%" % (s["gbps"], s["cpu_seconds"], 100*p["io_seconds"]/w, 100*p["copy_wait_seconds"]/w))')
                 echo "sweep  $r  ${ZEROHOP_SWEEP_LABEL:-} $args" | tee -a "$OUT/sweep.txt"
             done
             ;;

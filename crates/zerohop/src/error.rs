@@ -18,6 +18,13 @@ pub enum ErrorKind {
     Format,
     /// A read or write failed, or a file ended early.
     Io,
+    /// The file system is full (ENOSPC) or over quota (EDQUOT).
+    StorageFull,
+    /// Stored bytes do not match their checksum.
+    Integrity,
+    /// The target already exists or is in use (e.g. a checkpoint that
+    /// another one still references).
+    AlreadyExists,
     /// No NVIDIA driver or GPU where one was asked for.
     NoGpu,
     /// Device or pinned memory ran out.
@@ -66,7 +73,11 @@ impl Error {
         let kind = match err.kind() {
             io::ErrorKind::NotFound => ErrorKind::NotFound,
             io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+            io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
             _ if err.raw_os_error() == Some(libc::EISDIR) => ErrorKind::InvalidInput,
+            _ if matches!(err.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
+                ErrorKind::StorageFull
+            }
             _ => ErrorKind::Io,
         };
         Error::with_source(kind, format!("{what} {}", path.display()), err)

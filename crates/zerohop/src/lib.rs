@@ -1,11 +1,12 @@
 //! zerohop: moves bytes between files and GPU memory with the fewest,
 //! fully overlapped hops.
 //!
-//! A transfer is a list of [`plan::Extent`]s from files into device memory.
-//! The [`Engine`] cuts them into slot-sized windows and runs them through
-//! the pipeline: storage reads into a fixed pool of pinned staging slots,
-//! async copies to the device, slots recycled on completion. Files already
-//! in the page cache can skip the CPU copy entirely (page-cache DMA).
+//! A transfer is a list of [`plan::Extent`]s between files and device
+//! memory. The [`Engine`] cuts them into slot-sized windows and runs them
+//! through a pipeline: for loads, storage reads into a fixed pool of pinned
+//! staging slots, async copies to the device, slots recycled on completion
+//! (files already in the page cache can skip the CPU copy: page-cache DMA);
+//! for saves ([`Engine::write`]) the mirror image, then `fsync`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod device;
@@ -21,9 +22,11 @@ pub mod safetensors;
 pub mod staging;
 pub mod stats;
 pub mod storage;
+mod write_pipeline;
 
 pub use device::{open_device, Device, DeviceBuffer, DeviceKind};
 pub use engine::{DirectIo, Engine, EngineConfig, HotRoute};
 pub use error::{Error, ErrorKind, Result};
 pub use pipeline::Progress;
-pub use stats::{TransferStats, WorkerProfile};
+pub use stats::{Direction, TransferStats, WorkerProfile};
+pub use write_pipeline::WriteFilter;

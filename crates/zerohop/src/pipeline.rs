@@ -51,6 +51,11 @@ impl Moved {
 /// Reports progress in bytes; called from worker threads.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 
+/// Sees each staged window's bytes (file number, file offset of the first
+/// byte, the bytes) after they were read and before they are copied; an
+/// error stops the transfer. Restores use it to verify checksums.
+pub type ReadCheck<'a> = &'a (dyn Fn(usize, u64, &[u8]) -> Result<()> + Sync);
+
 /// Pinned page-cache DMA windows a worker keeps in flight.
 const MAX_DMA_IN_FLIGHT: usize = 2;
 
@@ -60,6 +65,7 @@ pub(crate) struct Job<'a> {
     /// Read-only mappings of the files that take the DMA route.
     pub maps: &'a [Option<crate::hot::FileMapping>],
     pub items: Vec<WorkItem>,
+    pub check: Option<ReadCheck<'a>>,
     pub progress: Option<Progress<'a>>,
 }
 
@@ -97,17 +103,32 @@ pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Opt
         abort: AtomicBool::new(false),
         pin_refusal: Mutex::new(None),
     };
-    let first_error: Mutex<Option<Error>> = Mutex::new(None);
     let mut total = Moved::default();
+    for m in run_workers(workers, &shared.abort, |w| work(&shared, w))? {
+        total.add(m);
+    }
+    Ok((total, shared.pin_refusal.into_inner().unwrap()))
+}
+
+/// Runs `work` once per worker, each on its own thread. The first error
+/// raises `abort` (which `work` polls between items) and is returned once
+/// every worker has stopped; otherwise every worker's result.
+pub(crate) fn run_workers<W: Send, T: Send>(
+    workers: Vec<W>,
+    abort: &AtomicBool,
+    work: impl Fn(W) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let first_error: Mutex<Option<Error>> = Mutex::new(None);
+    let mut results = Vec::with_capacity(workers.len());
     std::thread::scope(|scope| {
         let handles: Vec<_> = workers
             .into_iter()
             .map(|w| {
-                let (shared, first_error) = (&shared, &first_error);
+                let (work, first_error) = (&work, &first_error);
                 scope.spawn(move || {
-                    let r = work(shared, w);
+                    let r = work(w);
                     if let Err(e) = &r {
-                        shared.abort.store(true, Ordering::Relaxed);
+                        abort.store(true, Ordering::Relaxed);
                         let mut slot = first_error.lock().unwrap();
                         if slot.is_none() {
                             *slot = Some(Error::new(e.kind(), e.to_string()));
@@ -119,7 +140,7 @@ pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Opt
             .collect();
         for h in handles {
             match h.join() {
-                Ok(Ok(m)) => total.add(m),
+                Ok(Ok(m)) => results.push(m),
                 Ok(Err(_)) => {}
                 Err(_) => {
                     first_error.lock().unwrap().get_or_insert_with(|| {
@@ -131,7 +152,7 @@ pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Opt
     });
     match first_error.into_inner().unwrap() {
         Some(e) => Err(e),
-        None => Ok((total, shared.pin_refusal.into_inner().unwrap())),
+        None => Ok(results),
     }
 }
 
@@ -167,9 +188,8 @@ fn work_items(
         let i = shared.next.fetch_add(1, Ordering::Relaxed);
         let Some(item) = job.items.get(i) else { break };
         let win = &item.window;
-        let file = &job.files[win.file];
         match item.route {
-            WindowRoute::Staged(mode) => stage(w, free, pending, moved, file, mode, win)?,
+            WindowRoute::Staged(mode) => stage(w, free, pending, moved, job, mode, win)?,
             WindowRoute::PageCacheDma => {
                 while pending
                     .iter()
@@ -222,7 +242,7 @@ fn work_items(
                         for sub in
                             crate::plan::windows(&extents, slot_len, crate::storage::DIRECT_ALIGN)
                         {
-                            stage(w, free, pending, moved, file, IoMode::Buffered, &sub)?;
+                            stage(w, free, pending, moved, job, IoMode::Buffered, &sub)?;
                         }
                     }
                 }
@@ -258,17 +278,28 @@ fn stage(
     free: &mut Vec<usize>,
     pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
     moved: &mut Moved,
-    file: &SourceFile,
+    job: &Job<'_>,
     mode: IoMode,
     win: &Window,
 ) -> Result<()> {
+    let file = &job.files[win.file];
     while free.is_empty() {
         wait_oldest(pending, free, &mut moved.profile)?;
     }
     let slot = free.pop().expect("a slot is free");
     let t = Instant::now();
-    let read = read_window(w, slot, file, mode, win);
-    moved.profile.read_seconds += t.elapsed().as_secs_f64();
+    let read = read_window(w, slot, file, mode, win).and_then(|used| {
+        if let Some(check) = job.check {
+            // SAFETY: the slot holds `win.needed` freshly read bytes and no
+            // copy reads or writes it now.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(w.slots[slot].as_mut_ptr(), win.needed as usize)
+            };
+            check(win.file, win.start, bytes)?;
+        }
+        Ok(used)
+    });
+    moved.profile.io_seconds += t.elapsed().as_secs_f64();
     let used = match read {
         Ok(used) => used,
         Err(e) => {

@@ -3,11 +3,40 @@
 //! the copies that scatter its bytes to device memory.
 
 use crate::device::{DeviceAddr, DeviceBuffer};
-use crate::storage::SourceFile;
+use crate::storage::{SinkFile, SourceFile};
 use crate::{Error, Result};
 use std::collections::HashMap;
+use std::path::Path;
 
-/// `len` bytes at `file_offset` of file number `file` go to device address `dst`.
+/// A file a plan refers to: a source (loads) or a sink (saves).
+pub trait PlannedFile {
+    fn path(&self) -> &Path;
+    fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl PlannedFile for SourceFile {
+    fn path(&self) -> &Path {
+        SourceFile::path(self)
+    }
+    fn len(&self) -> u64 {
+        SourceFile::len(self)
+    }
+}
+
+impl PlannedFile for SinkFile {
+    fn path(&self) -> &Path {
+        SinkFile::path(self)
+    }
+    fn len(&self) -> u64 {
+        SinkFile::len(self)
+    }
+}
+
+/// `len` bytes at `file_offset` of file number `file` and the device range
+/// at `dst`: its destination on a load, its source on a save.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
     pub file: usize,
@@ -63,11 +92,12 @@ impl TransferPlan {
         Self::default()
     }
 
-    /// Adds `len` bytes of `files[file]` at `file_offset` into `dst` at
-    /// `dst_offset`, checking both ranges.
-    pub fn add(
+    /// Adds `len` bytes of `files[file]` at `file_offset` and `dst` at
+    /// `dst_offset` (loads copy the first into the second, saves the other
+    /// way), checking both ranges.
+    pub fn add<F: PlannedFile>(
         &mut self,
-        files: &[SourceFile],
+        files: &[F],
         file: usize,
         file_offset: u64,
         len: u64,

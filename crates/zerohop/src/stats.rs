@@ -3,6 +3,17 @@
 
 use std::time::Instant;
 
+/// Which way a transfer went.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Files into device memory.
+    #[default]
+    Load,
+    /// Device memory into files, durable when the transfer returned.
+    Save,
+}
+
 /// How the bytes travelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -17,6 +28,7 @@ pub enum Route {
 /// Statistics of one transfer.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct TransferStats {
+    pub direction: Direction,
     pub device: String,
     pub bytes: u64,
     pub seconds: f64,
@@ -25,10 +37,16 @@ pub struct TransferStats {
     pub path: String,
     /// Read backend used for staged reads (`io_uring` or `pread`).
     pub backend: String,
-    /// Bytes read with O_DIRECT into staging slots.
+    /// Bytes read (or written) with O_DIRECT through staging slots.
     pub direct_bytes: u64,
-    /// Bytes read through the page cache into staging slots.
+    /// Bytes read (or written) through the page cache and staging slots.
     pub buffered_bytes: u64,
+    /// Saves: bytes copied off the device but not written, because a filter
+    /// found them unchanged (incremental checkpoints).
+    pub skipped_bytes: u64,
+    /// Saves: seconds spent making files and directories durable (fsync),
+    /// included in `seconds`.
+    pub sync_seconds: f64,
     /// Bytes the GPU copied straight from registered page-cache pages.
     pub page_cache_dma_bytes: u64,
     /// Host staging memory held during the transfer.
@@ -52,8 +70,8 @@ pub struct WorkerProfile {
     /// Wall time of all workers together.
     pub worker_seconds: f64,
     /// Reading file bytes into staging slots (for hot files, the kernel's
-    /// copy out of the page cache).
-    pub read_seconds: f64,
+    /// copy out of the page cache), or writing them out of the slots.
+    pub io_seconds: f64,
     /// Pinning page-cache windows for the DMA route.
     pub pin_seconds: f64,
     /// Queueing copies and recording their fences.
@@ -65,7 +83,7 @@ pub struct WorkerProfile {
 impl WorkerProfile {
     pub(crate) fn add(&mut self, o: WorkerProfile) {
         self.worker_seconds += o.worker_seconds;
-        self.read_seconds += o.read_seconds;
+        self.io_seconds += o.io_seconds;
         self.pin_seconds += o.pin_seconds;
         self.queue_seconds += o.queue_seconds;
         self.copy_wait_seconds += o.copy_wait_seconds;
@@ -81,8 +99,8 @@ impl WorkerProfile {
             }
         };
         format!(
-            "workers' time: read {:.0}%, pin {:.0}%, queue copies {:.0}%, wait for copies {:.0}%",
-            share(self.read_seconds),
+            "workers' time: file I/O {:.0}%, pin {:.0}%, queue copies {:.0}%, wait for copies {:.0}%",
+            share(self.io_seconds),
             share(self.pin_seconds),
             share(self.queue_seconds),
             share(self.copy_wait_seconds)
@@ -105,6 +123,23 @@ impl TransferStats {
             0.0
         };
         let mut parts = Vec::new();
+        if self.direction == Direction::Save {
+            let moved = self.direct_bytes + self.buffered_bytes + self.skipped_bytes;
+            self.path = if moved == 0 {
+                "nothing to move, files synced".into()
+            } else {
+                format!(
+                    "staged (async copy -> pinned slots -> {} {}) + fsync",
+                    self.backend,
+                    match (self.direct_bytes > 0, self.buffered_bytes > 0) {
+                        (true, true) => "O_DIRECT and buffered",
+                        (true, false) => "O_DIRECT",
+                        _ => "buffered",
+                    }
+                )
+            };
+            return;
+        }
         if self.direct_bytes > 0 {
             parts.push(format!(
                 "staged ({} O_DIRECT -> pinned slots -> async copy)",

@@ -91,7 +91,7 @@ fn handmade(path: &std::path::Path, tensors: &[(&str, Dtype, Vec<u64>)]) -> Vec<
             t
         })
         .collect();
-    let mut bytes = serialize_header(&infos, &BTreeMap::new());
+    let mut bytes = serialize_header(&infos, &BTreeMap::new(), 8);
     bytes.extend(common::pattern(begin as usize, 11));
     std::fs::write(path, &bytes).unwrap();
     bytes

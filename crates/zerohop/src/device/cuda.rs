@@ -95,6 +95,20 @@ impl Device for CudaDevice {
         dst.copy_from_slice(unsafe { std::slice::from_raw_parts(pinned.as_ptr(), dst.len()) });
         Ok(())
     }
+
+    fn write_from_host(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
+        let dst = dst.slice(offset, src.len())?;
+        let mut pinned = PinnedBuffer::new(&self.ctx, src.len())?;
+        // SAFETY: `pinned` holds `src.len()` writable bytes that we own.
+        unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr(), src.len()) }
+            .copy_from_slice(src);
+        let stream = Stream::new(&self.ctx)?;
+        // SAFETY: the destination is a checked slice of a live buffer, the
+        // source our pinned copy, and we synchronize before dropping either.
+        unsafe { stream.copy_h2d(pinned.as_ptr(), dst.addr(), src.len())? };
+        stream.synchronize()?;
+        Ok(())
+    }
 }
 
 struct PinnedStaging(PinnedBuffer);
@@ -126,6 +140,11 @@ impl CopyQueue for CudaQueue {
     unsafe fn copy_to_device(&self, src: *const u8, dst: DeviceAddr, len: usize) -> Result<()> {
         // SAFETY: forwarded contract of `CopyQueue::copy_to_device`.
         unsafe { self.stream.copy_h2d(src, dst, len) }.map_err(Error::from)
+    }
+
+    unsafe fn copy_to_host(&self, src: DeviceAddr, dst: *mut u8, len: usize) -> Result<()> {
+        // SAFETY: forwarded contract of `CopyQueue::copy_to_host`.
+        unsafe { self.stream.copy_d2h(src, dst, len) }.map_err(Error::from)
     }
 
     fn record(&self) -> Result<Box<dyn Fence>> {

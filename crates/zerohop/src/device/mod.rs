@@ -144,6 +144,15 @@ pub trait CopyQueue: Send {
     /// until a fence recorded after this call has been waited for.
     unsafe fn copy_to_device(&self, src: *const u8, dst: DeviceAddr, len: usize) -> Result<()>;
 
+    /// Queues a copy of `len` bytes from device `src` to host `dst`.
+    ///
+    /// # Safety
+    /// `src..src+len` must lie in a live buffer of this device that nothing
+    /// writes, and `dst..dst+len` must be staging memory that nothing else
+    /// reads or writes, until a fence recorded after this call has been
+    /// waited for.
+    unsafe fn copy_to_host(&self, src: DeviceAddr, dst: *mut u8, len: usize) -> Result<()>;
+
     /// A fence after everything queued so far.
     fn record(&self) -> Result<Box<dyn Fence>>;
 }
@@ -176,6 +185,10 @@ pub trait Device: Send + Sync {
 
     /// Copies device memory back to the host, synchronously (for `--verify`).
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()>;
+
+    /// Copies host bytes into device memory, synchronously (tests, benchmark
+    /// fills, small host-side data).
+    fn write_from_host(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()>;
 }
 
 /// Opens the device named by `spec`: `cuda`, `cuda:N`, or `host`.

@@ -221,10 +221,37 @@ impl Device for SimDevice {
         dst.copy_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, dst.len()) });
         Ok(())
     }
+
+    fn write_from_host(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
+        let addr = dst.slice(offset, src.len())?.addr();
+        let reg = self.registry.lock().unwrap();
+        if !reg.contains(addr, src.len() as u64, &[Region::Device]) {
+            return Err(Error::new(
+                ErrorKind::Device,
+                "write_from_host outside live simulated memory",
+            ));
+        }
+        // SAFETY: the range lies in a live device allocation (checked under
+        // the lock that frees hold), and `src` is a separate host slice.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+        Ok(())
+    }
+}
+
+/// Which way a copy goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToDevice,
+    ToHost,
 }
 
 enum Op {
-    Copy { src: u64, dst: u64, len: u64 },
+    Copy {
+        src: u64,
+        dst: u64,
+        len: u64,
+        dir: Direction,
+    },
     Signal(Arc<FenceState>),
 }
 
@@ -246,6 +273,18 @@ impl CopyQueue for SimQueue {
                 src: src as u64,
                 dst,
                 len: len as u64,
+                dir: Direction::ToDevice,
+            })
+            .map_err(|_| Error::new(ErrorKind::Device, "simulated copy worker stopped"))
+    }
+
+    unsafe fn copy_to_host(&self, src: DeviceAddr, dst: *mut u8, len: usize) -> Result<()> {
+        self.tx
+            .send(Op::Copy {
+                src,
+                dst: dst as u64,
+                len: len as u64,
+                dir: Direction::ToHost,
             })
             .map_err(|_| Error::new(ErrorKind::Device, "simulated copy worker stopped"))
     }
@@ -285,7 +324,7 @@ fn copy_worker(
     let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (registry.as_ref() as *const _ as u64);
     for op in rx {
         match op {
-            Op::Copy { src, dst, len } => {
+            Op::Copy { src, dst, len, dir } => {
                 let seq = copies.fetch_add(1, Ordering::Relaxed);
                 if failure.is_some() {
                     continue;
@@ -302,13 +341,17 @@ fn copy_worker(
                     continue;
                 }
                 let reg = registry.lock().unwrap();
-                if !reg.contains(dst, len, &[Region::Device]) {
+                let (device_side, host_side, host_kinds) = match dir {
+                    Direction::ToDevice => (dst, src, &[Region::Staging, Region::Pinned][..]),
+                    Direction::ToHost => (src, dst, &[Region::Staging][..]),
+                };
+                if !reg.contains(device_side, len, &[Region::Device]) {
                     failure = Some(format!(
-                        "copy of {len} bytes to {dst:#x} is outside live device memory"
+                        "copy of {len} bytes at {device_side:#x} is outside live device memory"
                     ));
-                } else if !reg.contains(src, len, &[Region::Staging, Region::Pinned]) {
+                } else if !reg.contains(host_side, len, host_kinds) {
                     failure = Some(format!(
-                        "copy of {len} bytes from {src:#x} is outside staging or pinned memory"
+                        "copy of {len} bytes at {host_side:#x} is outside staging or pinned memory"
                     ));
                 } else {
                     // SAFETY: both ranges lie in live registered allocations

@@ -290,9 +290,18 @@ fn parse_entry(name: String, v: &Value, data_len: u64) -> Result<TensorInfo> {
 }
 
 /// Serializes a header for `tensors` (in data order, contiguous from 0),
-/// padded with spaces so the data section starts 8-byte aligned. Returns the
-/// bytes to write at file offset 0.
-pub fn serialize_header(tensors: &[TensorInfo], metadata: &BTreeMap<String, String>) -> Vec<u8> {
+/// padded with spaces (which JSON ignores) so the data section starts at a
+/// multiple of `align` (a power of two >= 8; 4096 lets the data be written
+/// with O_DIRECT). Returns the bytes to write at file offset 0.
+pub fn serialize_header(
+    tensors: &[TensorInfo],
+    metadata: &BTreeMap<String, String>,
+    align: u64,
+) -> Vec<u8> {
+    assert!(
+        align.is_power_of_two() && align >= 8,
+        "bad header alignment"
+    );
     let mut root = Map::new();
     if !metadata.is_empty() {
         root.insert(
@@ -307,9 +316,8 @@ pub fn serialize_header(tensors: &[TensorInfo], metadata: &BTreeMap<String, Stri
         );
     }
     let mut json = serde_json::to_vec(&Value::Object(root)).expect("a JSON value serializes");
-    while !(8 + json.len()).is_multiple_of(8) {
-        json.push(b' ');
-    }
+    let padded = (8 + json.len() as u64).next_multiple_of(align) - 8;
+    json.resize(padded as usize, b' ');
     let mut out = (json.len() as u64).to_le_bytes().to_vec();
     out.extend_from_slice(&json);
     out
@@ -449,8 +457,14 @@ mod tests {
             },
         ];
         let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
-        let b = serialize_header(&ts, &meta);
+        let b = serialize_header(&ts, &meta, 8);
         assert_eq!(b.len() % 8, 0);
+        let b4k = serialize_header(&ts, &meta, 4096);
+        assert_eq!(b4k.len(), 4096);
+        assert_eq!(
+            parse_header(&b4k, 4096 + 30).unwrap().tensors,
+            parse_header(&b, b.len() as u64 + 30).unwrap().tensors
+        );
         let h = parse_header(&b, b.len() as u64 + 30).unwrap();
         assert_eq!(h.metadata, meta);
         assert_eq!(h.tensors.len(), 2);

@@ -1,13 +1,16 @@
 //! The safetensors format: a strict header parser (fuzzed), a loader that
-//! streams shards into device memory through the engine, and a writer of
-//! synthetic transformer-shaped models.
+//! streams shards into device memory through the engine, a writer that
+//! saves device memory durably, and a writer of synthetic
+//! transformer-shaped models.
 
 mod header;
 mod load;
+mod save;
 mod synth;
 
 pub use header::{
     parse_header, read_header, serialize_header, Dtype, Header, TensorInfo, MAX_HEADER_BYTES,
 };
 pub use load::{load_safetensors, Allocation, LoadedModel, LoadedTensor};
+pub use save::{layout, save_safetensors, FileLayout, TensorToSave};
 pub use synth::{transformer_shapes, write_synthetic, SyntheticTensor};

@@ -111,7 +111,7 @@ pub fn write_synthetic(
         ("format".to_string(), "pt".to_string()),
         ("generator".to_string(), "zerohop gen".to_string()),
     ]);
-    let header = serialize_header(&tensors, &meta);
+    let header = serialize_header(&tensors, &meta, 8);
     let io = |e| Error::io(path, "cannot write", e);
     let file = std::fs::File::create(path).map_err(io)?;
     let mut out = std::io::BufWriter::with_capacity(8 << 20, file);

@@ -1,4 +1,4 @@
-use super::{BlockReader, IoMode, ReadBackend, SourceFile};
+use super::{BlockReader, IoMode, ReadBackend, SinkFile, SourceFile, WriteBackend};
 use std::io;
 use std::sync::Arc;
 
@@ -69,5 +69,58 @@ impl BlockReader for FaultyReader {
             }
         }
         self.inner.read_at(file, mode, offset, &mut buf[..limit])
+    }
+}
+
+/// A fault to inject into writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteFault {
+    /// Writes reaching past byte `at` of any file fail with ENOSPC, as on a
+    /// full file system.
+    NoSpace { at: u64 },
+    /// The write covering byte `at` fails with EIO.
+    Eio { at: u64 },
+    /// `fsync` fails with EIO (the kernel lost dirty pages).
+    SyncFails,
+}
+
+/// Wraps a write backend and injects [`WriteFault`]s.
+pub struct FaultyWriteBackend {
+    inner: Arc<dyn WriteBackend>,
+    faults: Vec<WriteFault>,
+}
+
+impl FaultyWriteBackend {
+    pub fn new(inner: Arc<dyn WriteBackend>, faults: Vec<WriteFault>) -> Self {
+        FaultyWriteBackend { inner, faults }
+    }
+}
+
+impl WriteBackend for FaultyWriteBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn write_at(&self, file: &SinkFile, mode: IoMode, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let end = offset + buf.len() as u64;
+        for f in &self.faults {
+            match *f {
+                WriteFault::NoSpace { at } if end > at => {
+                    return Err(io::Error::from_raw_os_error(libc::ENOSPC))
+                }
+                WriteFault::Eio { at } if (offset..end).contains(&at) => {
+                    return Err(io::Error::from_raw_os_error(libc::EIO))
+                }
+                _ => {}
+            }
+        }
+        self.inner.write_at(file, mode, offset, buf)
+    }
+
+    fn sync(&self, file: &SinkFile) -> io::Result<()> {
+        if self.faults.contains(&WriteFault::SyncFails) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.inner.sync(file)
     }
 }

@@ -1,14 +1,18 @@
 //! The storage side: opened source files and interchangeable read backends
-//! (io_uring, a plain `pread` loop, and a fault-injecting wrapper for tests).
+//! (io_uring, a plain `pread` loop, and a fault-injecting wrapper for tests),
+//! and files being written with their write backends.
 
+pub mod atomic;
 mod fault;
 mod file;
 mod psync;
+mod sink;
 mod uring;
 
-pub use fault::{Fault, FaultyBackend};
+pub use fault::{Fault, FaultyBackend, FaultyWriteBackend, WriteFault};
 pub use file::{IoMode, SourceFile};
 pub use psync::PreadBackend;
+pub use sink::{sync_dir, write_mode, PwriteBackend, SinkFile, WriteBackend};
 pub use uring::UringBackend;
 
 use std::io;

@@ -1,14 +1,18 @@
 //! The engine: one per device. It owns the staging pool and the read
 //! backend, chooses each file's route, and runs transfers.
 
+mod write;
+
 use crate::device::{Device, DeviceBuffer};
 use crate::hot::FileMapping;
 use crate::hot_choice::{self, HotChoice};
-use crate::pipeline::{self, Job, Moved, Progress, WindowRoute, WorkItem, Worker};
+use crate::pipeline::{self, Job, Moved, Progress, ReadCheck, WindowRoute, WorkItem, Worker};
 use crate::plan::{split_extents, windows, Extent, TransferPlan};
 use crate::staging::{StagingConfig, StagingPool};
 use crate::stats::TransferStats;
-use crate::storage::{self, BackendKind, IoMode, ReadBackend, SourceFile, DIRECT_ALIGN};
+use crate::storage::{
+    self, BackendKind, IoMode, PwriteBackend, ReadBackend, SourceFile, WriteBackend, DIRECT_ALIGN,
+};
 use crate::{Error, Result};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -110,6 +114,7 @@ pub struct Engine {
     device: Arc<dyn Device>,
     pool: Mutex<StagingPool>,
     backend: Arc<dyn ReadBackend>,
+    writer: Arc<dyn WriteBackend>,
     config: EngineConfig,
     /// What the hot routes measured, once measured (or read from
     /// `hot_choice_file`).
@@ -154,10 +159,17 @@ impl Engine {
             device,
             pool: Mutex::new(pool),
             backend,
+            writer: Arc::new(PwriteBackend),
             config,
             hot_choice: Mutex::new(remembered),
             hot_choice_key,
         })
+    }
+
+    /// Replaces the write backend (e.g. with a fault-injecting one).
+    pub fn with_write_backend(mut self, writer: Arc<dyn WriteBackend>) -> Self {
+        self.writer = writer;
+        self
     }
 
     pub fn device(&self) -> &Arc<dyn Device> {
@@ -230,10 +242,43 @@ impl Engine {
         plan: &TransferPlan,
         progress: Option<Progress<'_>>,
     ) -> Result<TransferStats> {
+        self.run_transfer(files, plan, None, progress)
+    }
+
+    /// As [`Engine::transfer`], with `check` shown every window's bytes in
+    /// its staging slot before they are copied to the device; an error from
+    /// it stops the transfer. Every window takes the staged route (the
+    /// page-cache DMA route never puts the bytes where the CPU sees them).
+    pub fn transfer_checked(
+        &self,
+        files: &[SourceFile],
+        plan: &TransferPlan,
+        check: ReadCheck<'_>,
+        progress: Option<Progress<'_>>,
+    ) -> Result<TransferStats> {
+        self.run_transfer(files, plan, Some(check), progress)
+    }
+
+    fn run_transfer(
+        &self,
+        files: &[SourceFile],
+        plan: &TransferPlan,
+        check: Option<ReadCheck<'_>>,
+        progress: Option<Progress<'_>>,
+    ) -> Result<TransferStats> {
         let started = Instant::now();
         let cpu_before = crate::stats::cpu_seconds();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        let routes: Vec<FileRoute> = files.iter().map(|f| self.route_for(f)).collect();
+        let routes: Vec<FileRoute> = files
+            .iter()
+            .map(|f| match self.route_for(f) {
+                FileRoute::Fixed(WindowRoute::Staged(mode)) => {
+                    FileRoute::Fixed(WindowRoute::Staged(mode))
+                }
+                _ if check.is_some() => FileRoute::Fixed(STAGED),
+                r => r,
+            })
+            .collect();
         let (hot, other): (Vec<Extent>, Vec<Extent>) = plan
             .extents()
             .iter()
@@ -246,7 +291,7 @@ impl Engine {
             FileRoute::Fixed(r) => r,
             FileRoute::Hot => hot_route,
         };
-        done.absorb(self.run_phase(files, &extents, route_of, &mut pool, progress)?);
+        done.absorb(self.run_phase(files, &extents, route_of, &mut pool, check, progress)?);
 
         let mut stats = TransferStats {
             device: self.device.describe(),
@@ -309,7 +354,7 @@ impl Engine {
         let (b, rest) = split_extents(&rest, probe);
         let mut timed = |extents: Vec<Extent>, route: WindowRoute| -> Result<f64> {
             let t = Instant::now();
-            done.absorb(self.run_phase(files, &extents, |_| route, pool, progress)?);
+            done.absorb(self.run_phase(files, &extents, |_| route, pool, None, progress)?);
             Ok(probe as f64 / t.elapsed().as_secs_f64() / 1e9)
         };
         let choice = HotChoice {
@@ -334,6 +379,7 @@ impl Engine {
         extents: &[Extent],
         route_of: impl Fn(usize) -> WindowRoute,
         pool: &mut StagingPool,
+        check: Option<ReadCheck<'_>>,
         progress: Option<Progress<'_>>,
     ) -> Result<Phase> {
         let mut routes: Vec<WindowRoute> = (0..files.len()).map(route_of).collect();
@@ -367,6 +413,7 @@ impl Engine {
             files,
             maps: &maps,
             items,
+            check,
             progress,
         };
         let (moved, pin_refusal) = pipeline::run(&job, workers)?;

@@ -1,0 +1,22 @@
+//! Checkpoints of GPU memory: a directory of safetensors data files plus a
+//! manifest with a checksum per fixed-size chunk, saved through the zerohop
+//! engine's write pipeline and committed atomically, restored through its
+//! read pipeline with every chunk verified on the way.
+//!
+//! Checksums are xxh3-64: well known (xxHash), non-cryptographic, and fast
+//! enough (tens of GB/s per core) that hashing in the I/O workers costs
+//! little next to storage; it catches corruption, not tampering.
+#![forbid(unsafe_code)]
+
+mod manifest;
+mod restore;
+mod save;
+mod verify;
+
+pub use manifest::{
+    chunk_checksum, Chunk, DataFile, Entry, Manifest, FORMAT, MANIFEST_FILE, MAX_MANIFEST_BYTES,
+    VERSION,
+};
+pub use restore::{restore, restore_into, Restored};
+pub use save::{save, Region, SaveOptions, Saved, DEFAULT_CHUNK_BYTES};
+pub use verify::{dependents, remove, verify, Verified};

@@ -1,0 +1,261 @@
+//! Restoring: streams a checkpoint's data through the engine's read
+//! pipeline into device memory, checking every chunk's checksum in the
+//! staging slot before it is copied on.
+
+use crate::manifest::{chunk_checksum, Entry, Manifest};
+use crate::save::check_geometry;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use zerohop::plan::TransferPlan;
+use zerohop::storage::SourceFile;
+use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Progress, Result, TransferStats};
+
+/// A restored checkpoint in fresh device allocations, one per entry.
+pub struct Restored {
+    pub manifest: Manifest,
+    /// In manifest order, one buffer per entry.
+    pub buffers: Vec<DeviceBuffer>,
+    pub stats: TransferStats,
+}
+
+/// Restores the checkpoint at `dir` into new device allocations.
+pub fn restore(engine: &Engine, dir: &Path, progress: Option<Progress<'_>>) -> Result<Restored> {
+    let manifest = Manifest::read(dir)?;
+    let buffers = manifest
+        .entries
+        .iter()
+        .map(|e| engine.device().alloc(e.bytes as usize))
+        .collect::<Result<Vec<_>>>()?;
+    let stats = restore_entries(engine, dir, &manifest, &buffers, progress)?;
+    Ok(Restored {
+        manifest,
+        buffers,
+        stats,
+    })
+}
+
+/// Restores the checkpoint at `dir` into existing regions, named as saved.
+/// Every entry needs a target of exactly its size, and every target an
+/// entry; otherwise nothing is read and the mismatch is the error.
+pub fn restore_into(
+    engine: &Engine,
+    dir: &Path,
+    targets: &[(&str, DeviceBuffer)],
+    progress: Option<Progress<'_>>,
+) -> Result<TransferStats> {
+    let manifest = Manifest::read(dir)?;
+    let by_name: HashMap<&str, &DeviceBuffer> = targets.iter().map(|(n, b)| (*n, b)).collect();
+    if by_name.len() != targets.len() {
+        return Err(Error::invalid("a target name is given twice"));
+    }
+    let mut ordered = Vec::with_capacity(manifest.entries.len());
+    for e in &manifest.entries {
+        let b = by_name.get(e.name.as_str()).ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: entry {:?} has no target region",
+                dir.display(),
+                e.name
+            ))
+        })?;
+        if b.len() as u64 != e.bytes {
+            return Err(Error::invalid(format!(
+                "{}: entry {:?} holds {} bytes but its target region has {}",
+                dir.display(),
+                e.name,
+                e.bytes,
+                b.len()
+            )));
+        }
+        ordered.push((*b).clone());
+    }
+    if let Some((extra, _)) = targets
+        .iter()
+        .find(|(n, _)| !manifest.entries.iter().any(|e| e.name == *n))
+    {
+        return Err(Error::invalid(format!(
+            "{}: target {extra:?} is not in the checkpoint",
+            dir.display()
+        )));
+    }
+    restore_entries(engine, dir, &manifest, &ordered, progress)
+}
+
+/// Where one chunk's bytes are read from, and what they must hash to.
+struct Expected<'m> {
+    offset: u64,
+    len: u64,
+    xxh3: &'m str,
+    chunk: usize,
+}
+
+fn restore_entries(
+    engine: &Engine,
+    dir: &Path,
+    m: &Manifest,
+    targets: &[DeviceBuffer],
+    progress: Option<Progress<'_>>,
+) -> Result<TransferStats> {
+    check_geometry(engine, m.chunk_bytes)?;
+    let sources = Sources::open(dir, m)?;
+    let mut plan = TransferPlan::new();
+    // Per opened file, the chunks read from it, by offset.
+    let mut expected: Vec<Vec<Expected>> = (0..sources.files.len()).map(|_| Vec::new()).collect();
+    let mut by_file: Vec<Vec<(usize, &Entry)>> = vec![Vec::new(); m.files.len()];
+    for (i, e) in m.entries.iter().enumerate() {
+        by_file[e.file].push((i, e));
+    }
+    for entries in &mut by_file {
+        entries.sort_by_key(|(_, e)| e.offset);
+    }
+    for (ci, c) in m.chunks.iter().enumerate() {
+        let src = sources.index(c.file, c.stored_in.as_deref());
+        expected[src].push(Expected {
+            offset: c.offset,
+            len: c.len,
+            xxh3: &c.xxh3,
+            chunk: ci,
+        });
+        // The entries this chunk overlaps; each piece comes from `src`.
+        let entries = &by_file[c.file];
+        let first = entries.partition_point(|(_, e)| e.offset + e.bytes <= c.offset);
+        for &(i, e) in entries[first..]
+            .iter()
+            .take_while(|(_, e)| e.offset < c.offset + c.len)
+        {
+            let from = c.offset.max(e.offset);
+            let to = (c.offset + c.len).min(e.offset + e.bytes);
+            if from < to {
+                plan.add(
+                    &sources.files,
+                    src,
+                    from,
+                    to - from,
+                    &targets[i],
+                    from - e.offset,
+                )?;
+            }
+        }
+    }
+    let verified = AtomicUsize::new(0);
+    let check =
+        |file: usize, start: u64, bytes: &[u8]| -> Result<()> {
+            let end = start + bytes.len() as u64;
+            let list = &expected[file];
+            let first = list.partition_point(|x| x.offset < start);
+            for x in list[first..].iter().take_while(|x| x.offset + x.len <= end) {
+                let rel = (x.offset - start) as usize;
+                if chunk_checksum(&bytes[rel..rel + x.len as usize]) != x.xxh3 {
+                    let c = &m.chunks[x.chunk];
+                    return Err(Error::new(
+                        ErrorKind::Integrity,
+                        format!(
+                        "{}: chunk of {} does not match its checksum{}: the checkpoint is damaged",
+                        dir.display(),
+                        m.describe_chunk(c.file, c.offset),
+                        c.stored_in.as_ref().map_or(String::new(), |s| format!(" (stored in {s})"))
+                    ),
+                    ));
+                }
+                verified.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        };
+    let stats = engine.transfer_checked(&sources.files, &plan, &check, progress)?;
+    let n = verified.into_inner();
+    if n != m.chunks.len() {
+        return Err(Error::new(
+            ErrorKind::Integrity,
+            format!(
+                "{}: only {n} of {} chunks were verified",
+                dir.display(),
+                m.chunks.len()
+            ),
+        ));
+    }
+    Ok(stats)
+}
+
+/// The data files a restore reads: the checkpoint's own, and those of the
+/// checkpoints its unchanged chunks are stored in.
+pub(crate) struct Sources {
+    pub files: Vec<SourceFile>,
+    /// (data file number, holder) -> index into `files`.
+    index: HashMap<(usize, Option<String>), usize>,
+}
+
+impl Sources {
+    pub fn open(dir: &Path, m: &Manifest) -> Result<Sources> {
+        let mut s = Sources {
+            files: Vec::new(),
+            index: HashMap::new(),
+        };
+        for (f, holder) in m
+            .chunks
+            .iter()
+            .map(|c| (c.file, c.stored_in.clone()))
+            .chain((0..m.files.len()).map(|f| (f, None)))
+        {
+            if s.index.contains_key(&(f, holder.clone())) {
+                continue;
+            }
+            let path = holder_dir(dir, holder.as_deref()).join(&m.files[f].name);
+            let file = SourceFile::open(&path).map_err(|e| match holder {
+                Some(ref h) if e.kind() == ErrorKind::NotFound => Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "{}: unchanged chunks are stored in checkpoint {h:?}, which is missing ({e})",
+                        dir.display()
+                    ),
+                ),
+                _ => e,
+            })?;
+            if file.len() != m.files[f].bytes {
+                return Err(Error::new(
+                    ErrorKind::Integrity,
+                    format!(
+                        "{}: {} bytes, but the manifest says {}",
+                        path.display(),
+                        file.len(),
+                        m.files[f].bytes
+                    ),
+                ));
+            }
+            if holder.is_none() {
+                check_header(&file, &m.files[f])?;
+            }
+            s.index.insert((f, holder), s.files.len());
+            s.files.push(file);
+        }
+        Ok(s)
+    }
+
+    pub fn index(&self, file: usize, holder: Option<&str>) -> usize {
+        self.index[&(file, holder.map(str::to_string))]
+    }
+}
+
+/// The directory holding a chunk: the checkpoint's own, or a sibling.
+pub(crate) fn holder_dir(dir: &Path, holder: Option<&str>) -> PathBuf {
+    match holder {
+        Some(h) => zerohop::storage::atomic::parent_of(dir).join(h),
+        None => dir.to_path_buf(),
+    }
+}
+
+/// Checks a data file's header bytes against the manifest's checksum.
+pub(crate) fn check_header(file: &SourceFile, f: &crate::manifest::DataFile) -> Result<()> {
+    let mut header = vec![0u8; f.header_bytes as usize];
+    file.read_exact_at(&mut header, 0)?;
+    if chunk_checksum(&header) != f.header_xxh3 {
+        return Err(Error::new(
+            ErrorKind::Integrity,
+            format!(
+                "{}: header bytes [0, {}) do not match their checksum: the file is damaged",
+                file.path().display(),
+                f.header_bytes
+            ),
+        ));
+    }
+    Ok(())
+}

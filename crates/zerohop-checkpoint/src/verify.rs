@@ -1,0 +1,127 @@
+//! Checking a checkpoint on disk without a GPU, and removing one safely.
+
+use crate::manifest::{chunk_checksum, Manifest};
+use crate::restore::Sources;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use zerohop::storage::{atomic, sync_dir};
+use zerohop::{Error, ErrorKind, Result};
+
+/// What a successful verification covered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verified {
+    pub chunks: usize,
+    pub bytes: u64,
+    /// Chunks read from the checkpoints an incremental save referenced.
+    pub referenced_chunks: usize,
+}
+
+/// Reads every chunk of the checkpoint at `dir` (following references to
+/// parent checkpoints) with `threads` readers and checks its checksum, and
+/// checks every data file's size and header. Fails naming the first bad
+/// chunk in file order.
+pub fn verify(dir: &Path, threads: usize) -> Result<Verified> {
+    let m = Manifest::read(dir)?;
+    let sources = Sources::open(dir, &m)?;
+    let next = AtomicUsize::new(0);
+    let bad: Mutex<Option<usize>> = Mutex::new(None);
+    let failed: Mutex<Option<Error>> = Mutex::new(None);
+    let largest = m.chunks.iter().map(|c| c.len).max().unwrap_or(0) as usize;
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, 64) {
+            s.spawn(|| {
+                let mut buf = vec![0u8; largest];
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(c) = m.chunks.get(i) else { break };
+                    let file = &sources.files[sources.index(c.file, c.stored_in.as_deref())];
+                    let bytes = &mut buf[..c.len as usize];
+                    if let Err(e) = file.read_exact_at(bytes, c.offset) {
+                        failed.lock().unwrap().get_or_insert(e);
+                        break;
+                    }
+                    if chunk_checksum(bytes) != c.xxh3 {
+                        let mut b = bad.lock().unwrap();
+                        *b = Some(b.map_or(i, |j| j.min(i)));
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap() {
+        return Err(e);
+    }
+    if let Some(i) = bad.into_inner().unwrap() {
+        let c = &m.chunks[i];
+        return Err(Error::new(
+            ErrorKind::Integrity,
+            format!(
+                "{}: chunk of {} does not match its checksum{}",
+                dir.display(),
+                m.describe_chunk(c.file, c.offset),
+                c.stored_in
+                    .as_ref()
+                    .map_or(String::new(), |s| format!(" (stored in {s})"))
+            ),
+        ));
+    }
+    Ok(Verified {
+        chunks: m.chunks.len(),
+        bytes: m.chunks.iter().map(|c| c.len).sum(),
+        referenced_chunks: m.chunks.iter().filter(|c| c.stored_in.is_some()).count(),
+    })
+}
+
+/// The checkpoints in the same directory as `dir` that reference it (as
+/// parent, or for stored chunks).
+pub fn dependents(dir: &Path) -> Result<Vec<String>> {
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::invalid(format!("{} has no usable name", dir.display())))?;
+    let parent = atomic::parent_of(dir);
+    let mut out = Vec::new();
+    let listing = std::fs::read_dir(parent).map_err(|e| Error::io(parent, "cannot list", e))?;
+    for entry in listing.flatten() {
+        let path = entry.path();
+        if path == dir || !path.join(crate::MANIFEST_FILE).is_file() {
+            continue;
+        }
+        // A sibling whose manifest cannot be read might depend on `dir`:
+        // refuse rather than guess.
+        let m = Manifest::read(&path)?;
+        let uses = m.parent.as_deref() == Some(name)
+            || m.chunks
+                .iter()
+                .any(|c| c.stored_in.as_deref() == Some(name));
+        if uses {
+            out.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Deletes the checkpoint at `dir`, refusing while another checkpoint
+/// still needs its chunks. The directory is first renamed to a temporary
+/// name, so a crash mid-delete never leaves a half checkpoint that looks
+/// whole.
+pub fn remove(dir: &Path) -> Result<()> {
+    Manifest::read(dir)?;
+    let deps = dependents(dir)?;
+    if !deps.is_empty() {
+        return Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!(
+                "{} is still needed by checkpoint(s) {}: remove those first",
+                dir.display(),
+                deps.join(", ")
+            ),
+        ));
+    }
+    let tmp = atomic::temp_sibling(dir)?;
+    std::fs::rename(dir, &tmp).map_err(|e| Error::io(dir, "cannot move aside", e))?;
+    sync_dir(atomic::parent_of(dir))?;
+    std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, "cannot remove", e))
+}

@@ -1,0 +1,394 @@
+//! Checkpoints on the simulated device: round trips, damage detection,
+//! incremental saves, out-of-space, and leftovers of crashed saves.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use zerohop::device::{SimConfig, SimDevice};
+use zerohop::safetensors::Dtype;
+use zerohop::staging::StagingConfig;
+use zerohop::storage::{FaultyWriteBackend, PwriteBackend, WriteFault};
+use zerohop::{Device, DeviceBuffer, Engine, EngineConfig, ErrorKind};
+use zerohop_checkpoint::{
+    remove, restore, restore_into, save, verify, Manifest, Region, SaveOptions, MANIFEST_FILE,
+};
+
+const CHUNK: u64 = 16 << 10;
+
+struct TestDir(PathBuf);
+
+impl TestDir {
+    fn new(tag: &str) -> Self {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "zerohop-ckpt-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TestDir(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
+fn engine() -> Engine {
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig {
+        max_copy_delay: Duration::from_micros(200),
+        ..Default::default()
+    }));
+    Engine::new(
+        dev,
+        EngineConfig {
+            staging: StagingConfig {
+                total_bytes: 8 * 2 * CHUNK as usize,
+                slot_bytes: 2 * CHUNK as usize,
+            },
+            io_threads: 3,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn opts() -> SaveOptions {
+    SaveOptions {
+        chunk_bytes: CHUNK,
+        shards: Some(3),
+        ..SaveOptions::default()
+    }
+}
+
+/// Regions of odd sizes (zero, one byte, around chunk and slot sizes), some
+/// typed, some raw, with their contents.
+fn regions(e: &Engine, seed: u64) -> (Vec<Region>, Vec<Vec<u8>>) {
+    let sizes = [0usize, 1, 4095, 16_384, 16_385, 70_001, 200_000, 3, 65_536];
+    let mut regions = Vec::new();
+    let mut data = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let bytes = pattern(n, seed + i as u64);
+        let b = e.device().alloc(n).unwrap();
+        e.device().write_from_host(&b, 0, &bytes).unwrap();
+        regions.push(if i % 3 == 1 || n % 2 == 1 {
+            Region::raw(format!("raw.{i}"), b)
+        } else {
+            Region::tensor(format!("t.{i}"), Dtype::BF16, vec![2, n as u64 / 4], b)
+        });
+        data.push(bytes);
+    }
+    (regions, data)
+}
+
+fn contents(e: &Engine, b: &DeviceBuffer) -> Vec<u8> {
+    let mut v = vec![0u8; b.len()];
+    e.device().read_back(b, 0, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn round_trip_new_and_existing_regions() {
+    let dir = TestDir::new("roundtrip");
+    let e = engine();
+    let (regions, data) = regions(&e, 1);
+    let ck = dir.path("step-1");
+    let saved = save(&e, &regions, &ck, &opts(), None).unwrap();
+    assert_eq!(saved.manifest.files.len(), 3);
+    assert_eq!(
+        saved.written_bytes,
+        data.iter().map(|d| d.len() as u64).sum::<u64>()
+    );
+    assert_eq!(dir.names(), vec!["step-1"]);
+
+    let r = restore(&e, &ck, None).unwrap();
+    for (entry, buf) in r.manifest.entries.iter().zip(&r.buffers) {
+        let i = regions.iter().position(|g| g.name == entry.name).unwrap();
+        assert!(contents(&e, buf) == data[i], "{}", entry.name);
+    }
+
+    let fresh: Vec<DeviceBuffer> = data
+        .iter()
+        .map(|d| e.device().alloc(d.len()).unwrap())
+        .collect();
+    let targets: Vec<(&str, DeviceBuffer)> = regions
+        .iter()
+        .zip(&fresh)
+        .map(|(g, b)| (g.name.as_str(), b.clone()))
+        .collect();
+    restore_into(&e, &ck, &targets, None).unwrap();
+    for (b, d) in fresh.iter().zip(&data) {
+        assert!(contents(&e, b) == *d);
+    }
+    let v = verify(&ck, 2).unwrap();
+    assert_eq!(v.chunks, saved.manifest.chunks.len());
+    assert_eq!(v.referenced_chunks, 0);
+
+    // The data files are plain safetensors our own loader reads.
+    let files: Vec<PathBuf> = saved
+        .manifest
+        .files
+        .iter()
+        .map(|f| ck.join(&f.name))
+        .collect();
+    let loaded = zerohop::safetensors::load_safetensors(
+        &e,
+        &files,
+        zerohop::safetensors::Allocation::PerTensor,
+        None,
+    )
+    .unwrap();
+    assert_eq!(loaded.tensors.len(), regions.len());
+
+    // Saving over an existing checkpoint is refused.
+    let err = save(&e, &regions, &ck, &opts(), None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists, "{err}");
+}
+
+#[test]
+fn restore_refuses_mismatched_targets() {
+    let dir = TestDir::new("mismatch");
+    let e = engine();
+    let (regions, _) = regions(&e, 2);
+    let ck = dir.path("c");
+    save(&e, &regions, &ck, &opts(), None).unwrap();
+    let mut targets: Vec<(&str, DeviceBuffer)> = regions
+        .iter()
+        .map(|g| (g.name.as_str(), e.device().alloc(g.data.len()).unwrap()))
+        .collect();
+    targets[5].1 = e.device().alloc(regions[5].data.len() + 1).unwrap();
+    let err = restore_into(&e, &ck, &targets, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(err.to_string().contains(&regions[5].name), "{err}");
+    targets[5].1 = e.device().alloc(regions[5].data.len()).unwrap();
+    targets.pop();
+    let err = restore_into(&e, &ck, &targets, None).unwrap_err();
+    assert!(err.to_string().contains("no target"), "{err}");
+}
+
+fn flip(path: &Path, at: u64) {
+    let mut b = std::fs::read(path).unwrap();
+    b[at as usize] ^= 0x40;
+    std::fs::write(path, b).unwrap();
+}
+
+/// One flipped byte in a chunk, a header or the manifest fails both verify
+/// and restore, naming the place.
+#[test]
+fn damage_is_found_and_named() {
+    let dir = TestDir::new("damage");
+    let e = engine();
+    let (regions, _) = regions(&e, 3);
+    let ck = dir.path("c");
+    let m = save(&e, &regions, &ck, &opts(), None).unwrap().manifest;
+    let big = m.entries.iter().find(|x| x.name == "t.6").unwrap();
+    let data_file = ck.join(&m.files[big.file].name);
+
+    let at = big.offset + 100_123;
+    let chunk_start = at / CHUNK * CHUNK;
+    flip(&data_file, at);
+    for err in [
+        verify(&ck, 3).unwrap_err(),
+        restore(&e, &ck, None).err().unwrap(),
+    ] {
+        assert_eq!(err.kind(), ErrorKind::Integrity, "{err}");
+        let msg = err.to_string();
+        let place = format!("\"t.6\" at byte {} ", chunk_start - big.offset);
+        assert!(
+            msg.contains(&place) && msg.contains(&format!("offset {chunk_start}")),
+            "{msg}"
+        );
+    }
+    flip(&data_file, big.offset + 100_123);
+    verify(&ck, 3).unwrap();
+
+    flip(&data_file, 20);
+    for err in [
+        verify(&ck, 3).unwrap_err(),
+        restore(&e, &ck, None).err().unwrap(),
+    ] {
+        assert_eq!(err.kind(), ErrorKind::Integrity, "{err}");
+        assert!(err.to_string().contains("header"), "{err}");
+    }
+    flip(&data_file, 20);
+
+    let manifest = ck.join(MANIFEST_FILE);
+    let len = std::fs::metadata(&manifest).unwrap().len();
+    flip(&manifest, len / 2);
+    for err in [
+        verify(&ck, 3).unwrap_err(),
+        restore(&e, &ck, None).err().unwrap(),
+    ] {
+        assert!(
+            matches!(err.kind(), ErrorKind::Integrity | ErrorKind::Format),
+            "{err}"
+        );
+        assert!(err.to_string().contains("manifest"), "{err}");
+    }
+}
+
+/// An incremental save rewrites only the changed chunks, restores to the
+/// same bytes as a full save, and keeps its parent from being deleted.
+#[test]
+fn incremental_saves_write_only_changed_chunks() {
+    let dir = TestDir::new("incr");
+    let e = engine();
+    let (regions, mut data) = regions(&e, 4);
+    let a = dir.path("step-1");
+    save(&e, &regions, &a, &opts(), None).unwrap();
+
+    // Change one byte of one region.
+    let i = regions.iter().position(|g| g.name == "t.6").unwrap();
+    data[i][150_000] ^= 1;
+    e.device()
+        .write_from_host(&regions[i].data, 150_000, &data[i][150_000..150_001])
+        .unwrap();
+    let b = dir.path("step-2");
+    let child = SaveOptions {
+        parent: Some(a.clone()),
+        ..opts()
+    };
+    let saved = save(&e, &regions, &b, &child, None).unwrap();
+    assert!(
+        saved.written_bytes <= CHUNK,
+        "wrote {}",
+        saved.written_bytes
+    );
+    assert!(saved.written_bytes > 0);
+    assert_eq!(saved.manifest.parent.as_deref(), Some("step-1"));
+
+    // A third save on top of the second references the first's chunks
+    // directly.
+    let c = dir.path("step-3");
+    let grandchild = SaveOptions {
+        parent: Some(b.clone()),
+        ..opts()
+    };
+    let saved3 = save(&e, &regions, &c, &grandchild, None).unwrap();
+    assert_eq!(saved3.written_bytes, 0);
+    assert!(saved3
+        .manifest
+        .chunks
+        .iter()
+        .any(|c| c.stored_in.as_deref() == Some("step-1")));
+
+    for ck in [&b, &c] {
+        let r = restore(&e, ck, None).unwrap();
+        for (entry, buf) in r.manifest.entries.iter().zip(&r.buffers) {
+            let j = regions.iter().position(|g| g.name == entry.name).unwrap();
+            assert!(contents(&e, buf) == data[j], "{}", entry.name);
+        }
+        assert!(verify(ck, 2).unwrap().referenced_chunks > 0);
+    }
+
+    let err = remove(&a).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists);
+    assert!(
+        err.to_string().contains("step-2") && err.to_string().contains("step-3"),
+        "{err}"
+    );
+    remove(&c).unwrap();
+    remove(&b).unwrap();
+    remove(&a).unwrap();
+    assert!(dir.names().is_empty(), "{:?}", dir.names());
+}
+
+/// Out of space mid-save: a clear error, the previous checkpoint intact,
+/// nothing left behind.
+#[test]
+fn out_of_space_leaves_the_previous_checkpoint() {
+    let dir = TestDir::new("enospc");
+    let e = engine();
+    let (regions, data) = regions(&e, 5);
+    let a = dir.path("step-1");
+    save(&e, &regions, &a, &opts(), None).unwrap();
+    let full = engine().with_write_backend(Arc::new(FaultyWriteBackend::new(
+        Arc::new(PwriteBackend),
+        vec![WriteFault::NoSpace { at: 30_000 }],
+    )));
+    let moved: Vec<Region> = regions
+        .iter()
+        .zip(&data)
+        .map(|(g, d)| {
+            let b = full.device().alloc(d.len()).unwrap();
+            full.device().write_from_host(&b, 0, d).unwrap();
+            Region {
+                data: b,
+                ..g.clone()
+            }
+        })
+        .collect();
+    let err = save(&full, &moved, &dir.path("step-2"), &opts(), None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StorageFull, "{err}");
+    assert_eq!(dir.names(), vec!["step-1"]);
+    verify(&a, 2).unwrap();
+}
+
+/// A crashed save's temporary directory is recognised (its writer is gone)
+/// and removed by the next save in the same directory; a live writer's is
+/// left alone.
+#[test]
+fn leftovers_of_crashed_saves_are_cleaned() {
+    let dir = TestDir::new("leftover");
+    let e = engine();
+    let (regions, _) = regions(&e, 6);
+    // pid 0x7fff_fff0 does not exist; our own pid does.
+    let dead = dir.path(".step-2.zerohop-tmp-2147483632-0");
+    let live = dir.path(&format!(".step-9.zerohop-tmp-{}-77", std::process::id()));
+    for d in [&dead, &live] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::write(d.join("data-00000.safetensors"), b"partial").unwrap();
+    }
+    save(&e, &regions, &dir.path("step-3"), &opts(), None).unwrap();
+    assert!(!dead.exists());
+    assert!(live.exists());
+    Manifest::read(&dir.path("step-3")).unwrap();
+}
+
+#[test]
+fn engine_geometry_and_parent_location_are_checked() {
+    let dir = TestDir::new("geometry");
+    let e = engine();
+    let (regions, _) = regions(&e, 7);
+    let big_chunks = SaveOptions {
+        chunk_bytes: 4 * CHUNK,
+        ..opts()
+    };
+    let err = save(&e, &regions, &dir.path("a"), &big_chunks, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    let other = TestDir::new("geometry-other");
+    save(&e, &regions, &other.path("p"), &opts(), None).unwrap();
+    let far_parent = SaveOptions {
+        parent: Some(other.path("p")),
+        ..opts()
+    };
+    let err = save(&e, &regions, &dir.path("b"), &far_parent, None).unwrap_err();
+    assert!(err.to_string().contains("sibling"), "{err}");
+    assert!(dir.names().is_empty(), "{:?}", dir.names());
+}

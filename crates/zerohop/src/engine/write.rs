@@ -1,0 +1,151 @@
+//! `Engine::write`: device memory into files, durable on return.
+
+use super::Engine;
+use crate::pipeline::Progress;
+use crate::plan::{windows, TransferPlan, Window};
+use crate::stats::{Direction, TransferStats};
+use crate::storage::{sync_dir, SinkFile, DIRECT_ALIGN};
+use crate::write_pipeline::{self, WriteFilter, WriteJob, WriteWorker};
+use crate::{Error, ErrorKind, Result};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Instant;
+
+impl Engine {
+    /// Writes `plan`'s device ranges into `files` (created with
+    /// [`SinkFile::create_new`]) through the staging slots, then makes every
+    /// file's data and size, and every file's directory entry, durable
+    /// (`fsync` of the files and their directories) before returning.
+    /// Ranges must not overlap in a file. `filter`, if given, sees each
+    /// window's bytes and picks which to write (see [`WriteFilter`]). Either
+    /// everything is durable or an error is returned.
+    pub fn write(
+        &self,
+        files: &[SinkFile],
+        plan: &TransferPlan,
+        filter: Option<WriteFilter<'_>>,
+        progress: Option<Progress<'_>>,
+    ) -> Result<TransferStats> {
+        let started = Instant::now();
+        let cpu_before = crate::stats::cpu_seconds();
+        check_disjoint(files, plan)?;
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let slot_bytes = pool.config().slot_bytes as u64;
+        let windows = interleave(windows(plan.extents(), slot_bytes, DIRECT_ALIGN));
+        let slots = pool.slots_mut();
+        let threads = self
+            .config
+            .io_threads
+            .min(slots.len() / 2)
+            .min(windows.len())
+            .max(1);
+        let per_worker = slots.len() / threads;
+        let mut workers = Vec::with_capacity(threads);
+        for share in slots.chunks_mut(per_worker).take(threads) {
+            workers.push(WriteWorker {
+                slots: share,
+                queue: self.device.new_queue()?,
+            });
+        }
+        let job = WriteJob {
+            files,
+            writer: self.writer.as_ref(),
+            windows,
+            filter,
+            progress,
+        };
+        let written = write_pipeline::run(&job, workers)?;
+        let synced = Instant::now();
+        self.sync_all(files)?;
+        let mut stats = TransferStats {
+            direction: Direction::Save,
+            device: self.device.describe(),
+            bytes: plan.bytes(),
+            backend: self.writer.name().to_string(),
+            direct_bytes: written.direct,
+            buffered_bytes: written.buffered,
+            skipped_bytes: written.skipped,
+            sync_seconds: synced.elapsed().as_secs_f64(),
+            staging_bytes: pool.bytes(),
+            io_threads: threads,
+            files: files.len(),
+            windows: job.windows.len(),
+            profile: written.profile,
+            ..Default::default()
+        };
+        debug_assert_eq!(
+            stats.direct_bytes + stats.buffered_bytes + stats.skipped_bytes,
+            plan.bytes()
+        );
+        stats.finish(started, cpu_before);
+        Ok(stats)
+    }
+
+    /// `fsync`s every file (several at once) and then their directories.
+    fn sync_all(&self, files: &[SinkFile]) -> Result<()> {
+        let threads = self.config.io_threads.min(files.len()).max(1);
+        let per_thread = files.len().div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = files
+                .chunks(per_thread)
+                .map(|group| {
+                    s.spawn(move || {
+                        group.iter().try_for_each(|f| {
+                            self.writer
+                                .sync(f)
+                                .map_err(|e| Error::io(f.path(), "cannot make durable", e))
+                        })
+                    })
+                })
+                .collect();
+            handles.into_iter().try_for_each(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::new(ErrorKind::Io, "an fsync thread panicked")))
+            })
+        })?;
+        let dirs: BTreeSet<&Path> = files
+            .iter()
+            .map(|f| crate::storage::atomic::parent_of(f.path()))
+            .collect();
+        dirs.into_iter().try_for_each(sync_dir)
+    }
+}
+
+/// Refuses plans that write one file byte twice (two workers would race).
+fn check_disjoint(files: &[SinkFile], plan: &TransferPlan) -> Result<()> {
+    let mut ranges: Vec<(usize, u64, u64)> = plan
+        .extents()
+        .iter()
+        .map(|e| (e.file, e.file_offset, e.file_offset + e.len))
+        .collect();
+    ranges.sort_unstable();
+    for pair in ranges.windows(2) {
+        let ((fa, _, end_a), (fb, start_b, _)) = (pair[0], pair[1]);
+        if fa == fb && start_b < end_a {
+            return Err(Error::invalid(format!(
+                "{}: two ranges of the save overlap at byte {start_b}",
+                files[fa].path().display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Orders windows round-robin across files, so workers write several files
+/// at once (writes into one file serialize on some file systems).
+fn interleave(windows: Vec<Window>) -> Vec<Window> {
+    let mut per_file: Vec<std::collections::VecDeque<Window>> = Vec::new();
+    for w in windows {
+        if per_file.len() <= w.file {
+            per_file.resize_with(w.file + 1, Default::default);
+        }
+        per_file[w.file].push_back(w);
+    }
+    let mut out = Vec::new();
+    while per_file.iter().any(|q| !q.is_empty()) {
+        for q in &mut per_file {
+            out.extend(q.pop_front());
+        }
+    }
+    out
+}

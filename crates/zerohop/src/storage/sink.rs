@@ -1,0 +1,139 @@
+//! The write side of storage: files being written ([`SinkFile`]) and
+//! interchangeable write backends (`pwrite`, and a fault-injecting wrapper).
+
+use super::{IoMode, DIRECT_ALIGN};
+use crate::{Error, Result};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A file being written, sized up front, with an O_DIRECT descriptor when
+/// the file system accepts one.
+#[derive(Debug)]
+pub struct SinkFile {
+    path: PathBuf,
+    buffered: File,
+    direct: Option<File>,
+    len: u64,
+    direct_refused: AtomicBool,
+}
+
+impl SinkFile {
+    /// Creates `path` (which must not exist) with length `len`. Bytes never
+    /// written read as zeros (the file is sparse there).
+    pub fn create_new(path: &Path, len: u64) -> Result<Self> {
+        let buffered = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| Error::io(path, "cannot create", e))?;
+        buffered
+            .set_len(len)
+            .map_err(|e| Error::io(path, "cannot size", e))?;
+        // Some file systems (older tmpfs, FUSE) refuse O_DIRECT: buffered only.
+        let direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok();
+        Ok(SinkFile {
+            path: path.to_owned(),
+            buffered,
+            direct,
+            len,
+            direct_refused: AtomicBool::new(false),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether O_DIRECT writes are possible on this file.
+    pub fn direct_capable(&self) -> bool {
+        self.direct.is_some() && !self.direct_refused.load(Ordering::Relaxed)
+    }
+
+    /// Remembers that O_DIRECT writes fail here, so later writes go buffered.
+    pub fn refuse_direct(&self) {
+        self.direct_refused.store(true, Ordering::Relaxed);
+    }
+
+    /// The descriptor for `mode` (buffered when direct is unavailable).
+    pub fn fd_for(&self, mode: IoMode) -> &File {
+        match (&self.direct, mode) {
+            (Some(f), IoMode::Direct) if self.direct_capable() => f,
+            _ => &self.buffered,
+        }
+    }
+
+    /// Writes host bytes through the page cache (headers, small metadata).
+    pub fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.buffered.write_all_at(buf, offset).map_err(|e| {
+            Error::io(
+                &self.path,
+                &format!("cannot write {} bytes at {offset} of", buf.len()),
+                e,
+            )
+        })
+    }
+}
+
+/// Which descriptor suits a write of `len` bytes at `offset`: O_DIRECT when
+/// both are aligned and the file allows it.
+pub fn write_mode(file: &SinkFile, offset: u64, len: u64) -> IoMode {
+    if file.direct_capable()
+        && offset.is_multiple_of(DIRECT_ALIGN)
+        && len.is_multiple_of(DIRECT_ALIGN)
+    {
+        IoMode::Direct
+    } else {
+        IoMode::Buffered
+    }
+}
+
+/// A way of writing files; shared by the write workers.
+pub trait WriteBackend: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Writes all of `buf` at `offset`. With `IoMode::Direct`, `offset`,
+    /// `buf.len()` and the buffer address are multiples of [`DIRECT_ALIGN`].
+    fn write_at(&self, file: &SinkFile, mode: IoMode, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes the file's data and size durable (`fsync`).
+    fn sync(&self, file: &SinkFile) -> io::Result<()>;
+}
+
+/// Blocking `pwrite` from each worker thread.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PwriteBackend;
+
+impl WriteBackend for PwriteBackend {
+    fn name(&self) -> &'static str {
+        "pwrite"
+    }
+
+    fn write_at(&self, file: &SinkFile, mode: IoMode, offset: u64, buf: &[u8]) -> io::Result<()> {
+        file.fd_for(mode).write_all_at(buf, offset)
+    }
+
+    fn sync(&self, file: &SinkFile) -> io::Result<()> {
+        file.buffered.sync_all()
+    }
+}
+
+/// Makes the entries of directory `dir` durable (after creating, renaming
+/// or removing files in it).
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, "cannot sync directory", e))
+}

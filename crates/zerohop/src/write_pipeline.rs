@@ -1,0 +1,254 @@
+//! The write pipeline, the read pipeline's mirror: each worker owns a share
+//! of the staging slots and a copy queue. It queues a window's device-to-host
+//! copies into a free slot at once, and writes the slot to its file once the
+//! fence behind those copies has passed, so copies and writes overlap (a
+//! worker keeps up to its slot count in flight, and workers run in parallel).
+
+use crate::device::{CopyQueue, Fence, StagingMemory};
+use crate::pipeline::{run_workers, Progress};
+use crate::plan::Window;
+use crate::stats::WorkerProfile;
+use crate::storage::{write_mode, IoMode, SinkFile, WriteBackend};
+use crate::{Error, ErrorKind, Result};
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// Sees each window's bytes in its slot before they are written, and says
+/// which ranges (relative to the window's start) to write. Incremental
+/// checkpoints use it to hash chunks and skip unchanged ones. It must only
+/// name ranges inside the window's copies.
+pub type WriteFilter<'a> = &'a (dyn Fn(usize, u64, &[u8]) -> Result<Vec<Range<u64>>> + Sync);
+
+/// Byte counts one worker wrote, by mode, and where its time went.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Written {
+    pub direct: u64,
+    pub buffered: u64,
+    /// Bytes the filter chose not to write.
+    pub skipped: u64,
+    pub profile: WorkerProfile,
+}
+
+pub(crate) struct WriteJob<'a> {
+    pub files: &'a [SinkFile],
+    pub writer: &'a dyn WriteBackend,
+    pub windows: Vec<Window>,
+    pub filter: Option<WriteFilter<'a>>,
+    pub progress: Option<Progress<'a>>,
+}
+
+pub(crate) struct WriteWorker<'s> {
+    pub slots: &'s mut [Box<dyn StagingMemory>],
+    pub queue: Box<dyn CopyQueue>,
+}
+
+/// Runs `job` on `workers`. Either every window was written (or skipped by
+/// the filter) or an error is returned.
+pub(crate) fn run(job: &WriteJob<'_>, workers: Vec<WriteWorker<'_>>) -> Result<Written> {
+    let next = AtomicUsize::new(0);
+    let abort = AtomicBool::new(false);
+    let mut total = Written::default();
+    for w in run_workers(workers, &abort, |w| work(job, &next, &abort, w))? {
+        total.direct += w.direct;
+        total.buffered += w.buffered;
+        total.skipped += w.skipped;
+        total.profile.add(w.profile);
+    }
+    Ok(total)
+}
+
+/// A window whose copies are queued into `slot`.
+struct InFlight {
+    fence: Box<dyn Fence>,
+    slot: usize,
+    window: usize,
+}
+
+fn work(
+    job: &WriteJob<'_>,
+    next: &AtomicUsize,
+    abort: &AtomicBool,
+    mut w: WriteWorker<'_>,
+) -> Result<Written> {
+    let started = Instant::now();
+    let mut out = Written::default();
+    let mut free: Vec<usize> = (0..w.slots.len()).collect();
+    let mut pending: VecDeque<InFlight> = VecDeque::new();
+    let mut result = Ok(());
+    while result.is_ok() && !abort.load(Ordering::Relaxed) {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(win) = job.windows.get(i) else { break };
+        if free.is_empty() {
+            let oldest = pending
+                .pop_front()
+                .expect("no free slot means one in flight");
+            result = finish(job, &mut w, &oldest, &mut out);
+            free.push(oldest.slot);
+            if result.is_err() {
+                break;
+            }
+        }
+        let slot = free.pop().expect("a slot is free");
+        result = queue_window(&mut w, slot, win, &mut out.profile).map(|fence| {
+            pending.push_back(InFlight {
+                fence,
+                slot,
+                window: i,
+            })
+        });
+        if result.is_err() {
+            free.push(slot);
+        }
+    }
+    // Whatever happened, every queued copy is waited for before the slots
+    // can be reused; on success the rest is written.
+    for f in pending.drain(..) {
+        result = if result.is_ok() {
+            finish(job, &mut w, &f, &mut out)
+        } else {
+            wait(&*f.fence, &mut out.profile).and(result)
+        };
+    }
+    out.profile.worker_seconds = started.elapsed().as_secs_f64();
+    result.map(|()| out)
+}
+
+/// Queues `win`'s device-to-host copies into `slot` and returns their fence.
+fn queue_window(
+    w: &mut WriteWorker<'_>,
+    slot: usize,
+    win: &Window,
+    profile: &mut WorkerProfile,
+) -> Result<Box<dyn Fence>> {
+    let t = Instant::now();
+    let staging = &mut w.slots[slot];
+    assert!(
+        win.read_len as usize <= staging.len(),
+        "window larger than a slot"
+    );
+    let base = staging.as_mut_ptr();
+    for c in &win.copies {
+        // SAFETY: the copy lands inside the slot (window_offset + len <=
+        // needed <= slot length), which this worker owns and does not touch
+        // until the fence below has passed; the device range was checked
+        // against its buffer when the plan was built, and the plan keeps
+        // that buffer alive.
+        unsafe {
+            w.queue
+                .copy_to_host(c.dst, base.add(c.window_offset as usize), c.len as usize)?
+        };
+    }
+    let fence = w.queue.record();
+    profile.queue_seconds += t.elapsed().as_secs_f64();
+    fence
+}
+
+fn wait(fence: &dyn Fence, profile: &mut WorkerProfile) -> Result<()> {
+    let t = Instant::now();
+    let r = fence.wait();
+    profile.copy_wait_seconds += t.elapsed().as_secs_f64();
+    r
+}
+
+/// Waits for a window's copies, then writes what the filter keeps.
+fn finish(
+    job: &WriteJob<'_>,
+    w: &mut WriteWorker<'_>,
+    f: &InFlight,
+    out: &mut Written,
+) -> Result<()> {
+    wait(&*f.fence, &mut out.profile)?;
+    let win = &job.windows[f.window];
+    let file = &job.files[win.file];
+    // SAFETY: the fence passed, so the copies into the slot are complete and
+    // nothing else writes it until this worker frees it.
+    let bytes =
+        unsafe { std::slice::from_raw_parts(w.slots[f.slot].as_mut_ptr(), win.needed as usize) };
+    let runs = copied_runs(win);
+    let keep = match job.filter {
+        Some(filter) => {
+            let keep = filter(win.file, win.start, bytes)?;
+            for r in &keep {
+                assert!(
+                    runs.iter().any(|c| c.start <= r.start && r.end <= c.end),
+                    "write filter named bytes outside the window's copies"
+                );
+            }
+            keep
+        }
+        None => runs,
+    };
+    let t = Instant::now();
+    let mut kept = 0;
+    for r in keep {
+        kept += r.end - r.start;
+        let (direct, buffered) = write_range(job.writer, file, win.start, r, bytes)?;
+        out.direct += direct;
+        out.buffered += buffered;
+    }
+    out.profile.io_seconds += t.elapsed().as_secs_f64();
+    out.skipped += win.payload() - kept;
+    if let Some(p) = job.progress {
+        p(win.payload());
+    }
+    Ok(())
+}
+
+/// The window's copied byte ranges (relative to its start), merged.
+fn copied_runs(win: &Window) -> Vec<Range<u64>> {
+    let mut runs: Vec<Range<u64>> = Vec::new();
+    for c in &win.copies {
+        let r = c.window_offset..c.window_offset + c.len;
+        match runs.last_mut() {
+            Some(last) if last.end == r.start => last.end = r.end,
+            _ => runs.push(r),
+        }
+    }
+    runs
+}
+
+/// Writes `bytes[r]` at `start + r.start`: the aligned part with O_DIRECT
+/// where the file allows it, the rest buffered. Returns (direct, buffered)
+/// byte counts.
+fn write_range(
+    writer: &dyn WriteBackend,
+    file: &SinkFile,
+    start: u64,
+    r: Range<u64>,
+    bytes: &[u8],
+) -> Result<(u64, u64)> {
+    let at = start + r.start;
+    let len = r.end - r.start;
+    let aligned = len / crate::storage::DIRECT_ALIGN * crate::storage::DIRECT_ALIGN;
+    let mut split = 0;
+    if aligned > 0 && write_mode(file, at, aligned) == IoMode::Direct {
+        let buf = &bytes[r.start as usize..(r.start + aligned) as usize];
+        match writer.write_at(file, IoMode::Direct, at, buf) {
+            Ok(()) => split = aligned,
+            // The file system took O_DIRECT at open but refuses the write.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => file.refuse_direct(),
+            Err(e) => return Err(write_error(file, at, aligned, e)),
+        }
+    }
+    if split < len {
+        let buf = &bytes[(r.start + split) as usize..r.end as usize];
+        writer
+            .write_at(file, IoMode::Buffered, at + split, buf)
+            .map_err(|e| write_error(file, at + split, len - split, e))?;
+    }
+    Ok((split, len - split))
+}
+
+fn write_error(file: &SinkFile, at: u64, len: u64, e: std::io::Error) -> Error {
+    let err = Error::io(
+        file.path(),
+        &format!("write of {len} bytes at offset {at} failed in"),
+        e,
+    );
+    if err.kind() == ErrorKind::StorageFull {
+        return err.context("the file system is full");
+    }
+    err
+}

@@ -1,0 +1,251 @@
+//! The write pipeline on the simulated device: device ranges into real
+//! files (O_DIRECT where aligned), copies done late by worker threads,
+//! injected write faults, and the safetensors writer.
+
+mod common;
+
+use common::{pattern, TestDir};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use zerohop::device::{SimConfig, SimDevice};
+use zerohop::plan::TransferPlan;
+use zerohop::safetensors::{load_safetensors, save_safetensors, Allocation, Dtype, TensorToSave};
+use zerohop::staging::StagingConfig;
+use zerohop::storage::{FaultyWriteBackend, PwriteBackend, SinkFile, WriteFault};
+use zerohop::{Device, Direction, Engine, EngineConfig, ErrorKind};
+
+fn engine(slot: usize, slots: usize, threads: usize) -> Engine {
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig {
+        max_copy_delay: Duration::from_micros(300),
+        ..Default::default()
+    }));
+    let config = EngineConfig {
+        staging: StagingConfig {
+            total_bytes: slot * slots,
+            slot_bytes: slot,
+        },
+        io_threads: threads,
+        ..EngineConfig::default()
+    };
+    Engine::new(dev, config).unwrap()
+}
+
+fn upload(e: &Engine, data: &[u8]) -> zerohop::DeviceBuffer {
+    let b = e.device().alloc(data.len()).unwrap();
+    e.device().write_from_host(&b, 0, data).unwrap();
+    b
+}
+
+/// Scattered device ranges (unaligned, zero-length, across two files and
+/// two buffers) arrive at their file offsets; untouched bytes stay zero.
+#[test]
+fn scattered_ranges_land_exactly() {
+    let dir = TestDir::new("write-scatter");
+    let e = engine(16 << 10, 8, 3);
+    let src = [pattern(300_001, 1), pattern(77_777, 2)];
+    let bufs: Vec<_> = src.iter().map(|d| upload(&e, d)).collect();
+    let lens = [400_000u64, 123_457];
+    let files: Vec<SinkFile> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| SinkFile::create_new(&dir.path(&format!("f{i}")), n).unwrap())
+        .collect();
+    let mut expect: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0u8; n as usize]).collect();
+    let mut plan = TransferPlan::new();
+    // (file, file offset, len, buffer, buffer offset): disjoint in each file.
+    let pieces = [
+        (0, 0, 4096, 0, 0),
+        (0, 4096, 200_000, 0, 5),
+        (0, 204_096, 0, 1, 0),
+        (0, 250_001, 99_999, 0, 200_001),
+        (1, 17, 77_000, 1, 777),
+        (1, 100_000, 23_457, 0, 1),
+        (0, 350_000, 50_000, 1, 0),
+    ];
+    for (f, off, len, b, boff) in pieces {
+        plan.add(&files, f, off, len, &bufs[b], boff).unwrap();
+        expect[f][off as usize..(off + len) as usize]
+            .copy_from_slice(&src[b][boff as usize..(boff + len) as usize]);
+    }
+    let stats = e.write(&files, &plan, None, None).unwrap();
+    assert_eq!(stats.direction, Direction::Save);
+    assert_eq!(stats.direct_bytes + stats.buffered_bytes, plan.bytes());
+    assert!(stats.path.contains("fsync"), "{}", stats.path);
+    if files[0].direct_capable() {
+        // Aligned runs went around the page cache.
+        assert!(
+            stats.direct_bytes > 0 && stats.buffered_bytes > 0,
+            "{stats:?}"
+        );
+    } else {
+        eprintln!("skipped: O_DIRECT check (the temp file system refuses it)");
+    }
+    drop(files);
+    for (i, want) in expect.iter().enumerate() {
+        assert!(
+            std::fs::read(dir.path(&format!("f{i}"))).unwrap() == *want,
+            "file {i}"
+        );
+    }
+}
+
+#[test]
+fn overlapping_ranges_are_refused() {
+    let dir = TestDir::new("write-overlap");
+    let e = engine(16 << 10, 4, 2);
+    let b = upload(&e, &pattern(8192, 3));
+    let files = vec![SinkFile::create_new(&dir.path("f"), 8192).unwrap()];
+    let mut plan = TransferPlan::new();
+    plan.add(&files, 0, 0, 5000, &b, 0).unwrap();
+    plan.add(&files, 0, 4999, 100, &b, 0).unwrap();
+    let err = e.write(&files, &plan, None, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    // And past the end of the file is refused when planning.
+    assert!(plan.add(&files, 0, 8000, 193, &b, 0).is_err());
+}
+
+/// ENOSPC, EIO and a failed fsync are errors, never success.
+#[test]
+fn write_faults_surface() {
+    let dir = TestDir::new("write-faults");
+    let data = pattern(1 << 20, 4);
+    for (i, (fault, kind)) in [
+        (WriteFault::NoSpace { at: 700_000 }, ErrorKind::StorageFull),
+        (WriteFault::Eio { at: 300_000 }, ErrorKind::Io),
+        (WriteFault::SyncFails, ErrorKind::Io),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let e = engine(64 << 10, 6, 3).with_write_backend(Arc::new(FaultyWriteBackend::new(
+            Arc::new(PwriteBackend),
+            vec![fault],
+        )));
+        let b = upload(&e, &data);
+        let files =
+            vec![SinkFile::create_new(&dir.path(&format!("f{i}")), data.len() as u64).unwrap()];
+        let mut plan = TransferPlan::new();
+        plan.add(&files, 0, 0, data.len() as u64, &b, 0).unwrap();
+        let err = e.write(&files, &plan, None, None).unwrap_err();
+        assert_eq!(err.kind(), kind, "{fault:?}: {err}");
+    }
+}
+
+/// A failing device copy fails the save.
+#[test]
+fn copy_failure_fails_the_save() {
+    let dir = TestDir::new("write-copyfail");
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig {
+        fail_copy: Some(3),
+        ..Default::default()
+    }));
+    let e = Engine::new(
+        dev,
+        EngineConfig {
+            staging: StagingConfig {
+                total_bytes: 8 * 4096,
+                slot_bytes: 4096,
+            },
+            io_threads: 2,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let b = upload(&e, &pattern(100_000, 5));
+    let files = vec![SinkFile::create_new(&dir.path("f"), 100_000).unwrap()];
+    let mut plan = TransferPlan::new();
+    plan.add(&files, 0, 0, 100_000, &b, 0).unwrap();
+    let err = e.write(&files, &plan, None, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Device, "{err}");
+}
+
+/// The safetensors writer's output loads back through the loader with the
+/// same names, types, shapes and bytes; a failed save leaves the old file.
+#[test]
+fn safetensors_round_trip_and_atomic_replace() {
+    let dir = TestDir::new("write-st");
+    let e = engine(16 << 10, 8, 3);
+    let specs: [(&str, Dtype, Vec<u64>); 4] = [
+        ("embed", Dtype::BF16, vec![123, 77]),
+        ("empty", Dtype::F32, vec![0, 5]),
+        ("scale", Dtype::F8_E4M3, vec![1]),
+        ("w", Dtype::I64, vec![3, 1001]),
+    ];
+    let mut tensors = Vec::new();
+    let mut want = BTreeMap::new();
+    for (i, (name, dtype, shape)) in specs.iter().enumerate() {
+        let n = shape.iter().product::<u64>() * dtype.size();
+        let data = pattern(n as usize, 10 + i as u64);
+        tensors.push(TensorToSave {
+            name: name.to_string(),
+            dtype: *dtype,
+            shape: shape.clone(),
+            data: upload(&e, &data),
+        });
+        want.insert(name.to_string(), data);
+    }
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    let path = dir.path("m.safetensors");
+    let stats = save_safetensors(&e, &path, &tensors, &meta, None).unwrap();
+    assert_eq!(
+        stats.bytes,
+        want.values().map(|v| v.len() as u64).sum::<u64>()
+    );
+    let loaded = load_safetensors(&e, &[&path], Allocation::PerTensor, None).unwrap();
+    assert_eq!(loaded.tensors.len(), 4);
+    for t in &loaded.tensors {
+        let mut got = vec![0u8; t.buffer.len()];
+        e.device().read_back(&t.buffer, 0, &mut got).unwrap();
+        assert!(got == want[&t.name], "{}", t.name);
+    }
+    // A save that fails (disk full) leaves the previous file as it was and
+    // no temporary file behind.
+    let before = std::fs::read(&path).unwrap();
+    let full = engine(16 << 10, 8, 3).with_write_backend(Arc::new(FaultyWriteBackend::new(
+        Arc::new(PwriteBackend),
+        vec![WriteFault::NoSpace { at: 20_000 }],
+    )));
+    let again: Vec<_> = tensors
+        .iter()
+        .map(|t| {
+            let mut bytes = vec![0u8; t.data.len()];
+            e.device().read_back(&t.data, 0, &mut bytes).unwrap();
+            TensorToSave {
+                data: upload(&full, &bytes),
+                ..t.clone()
+            }
+        })
+        .collect();
+    let err = save_safetensors(&full, &path, &again, &meta, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StorageFull, "{err}");
+    assert!(std::fs::read(&path).unwrap() == before);
+    let names: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("m.safetensors")]);
+}
+
+#[test]
+fn bad_tensors_are_refused() {
+    let dir = TestDir::new("write-bad");
+    let e = engine(16 << 10, 4, 2);
+    let t = |name: &str, shape: Vec<u64>, n: usize| TensorToSave {
+        name: name.into(),
+        dtype: Dtype::F32,
+        shape,
+        data: upload(&e, &vec![1u8; n]),
+    };
+    let meta = BTreeMap::new();
+    for tensors in [
+        vec![t("a", vec![2], 7)],
+        vec![t("a", vec![1], 4), t("a", vec![1], 4)],
+        vec![t("__metadata__", vec![1], 4)],
+    ] {
+        let err =
+            save_safetensors(&e, &dir.path("x.safetensors"), &tensors, &meta, None).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    }
+    assert!(!dir.path("x.safetensors").exists());
+}
