@@ -269,8 +269,12 @@ impl Manifest {
             }
             let mut at = start;
             for c in &chunks[i] {
-                let block_end = (c.offset / self.chunk_bytes + 1) * self.chunk_bytes;
-                if c.offset != at || c.len == 0 || c.offset + c.len != block_end.min(f.bytes) {
+                // `at <= f.bytes` here, so only the block end can overflow.
+                let block_end = (c.offset / self.chunk_bytes + 1).saturating_mul(self.chunk_bytes);
+                if c.offset != at
+                    || c.len == 0
+                    || c.offset.checked_add(c.len) != Some(block_end.min(f.bytes))
+                {
                     return bad(format!(
                         "chunks of {} do not tile its data in {}-byte blocks (at offset {at})",
                         f.name, self.chunk_bytes

@@ -136,7 +136,7 @@ pub fn save(
 
 pub(crate) fn check_geometry(engine: &Engine, chunk_bytes: u64) -> Result<()> {
     let slot = engine.config().staging.slot_bytes as u64;
-    if !chunk_bytes.is_power_of_two() || chunk_bytes < 4096 || slot % chunk_bytes != 0 {
+    if !chunk_bytes.is_power_of_two() || chunk_bytes < 4096 || !slot.is_multiple_of(chunk_bytes) {
         return Err(Error::invalid(format!(
             "checkpoint chunks of {chunk_bytes} bytes need staging slots that are a multiple of them (slots are {slot} bytes)"
         )));

@@ -40,10 +40,10 @@ struct LoadReport<'a> {
 }
 
 /// Destination ranges and where their bytes come from, for `--verify`.
-struct Placed {
-    path: PathBuf,
-    file_offset: u64,
-    buffer: DeviceBuffer,
+pub(crate) struct Placed {
+    pub path: PathBuf,
+    pub file_offset: u64,
+    pub buffer: DeviceBuffer,
 }
 
 /// Loads files as asked; returns the stats and what went where.
@@ -165,7 +165,7 @@ pub fn print_stats(s: &TransferStats, tensors: Option<usize>) {
 
 /// Reads every placed range back from the device and compares it with the
 /// file, 64 MiB at a time. Prints the first difference.
-fn verify(engine: &Engine, placed: &[Placed]) -> Result<bool> {
+pub(crate) fn verify(engine: &Engine, placed: &[Placed]) -> Result<bool> {
     const CHUNK: usize = 64 << 20;
     let total = placed.iter().map(|p| p.buffer.len() as u64).sum();
     let bar = ProgressLine::new("verifying", total);

@@ -1,6 +1,8 @@
-//! `zerohop`: load files into GPU memory at the hardware limit, and measure it.
+//! `zerohop`: move bytes between files and GPU memory at the hardware
+//! limit (loads, checkpoints), and measure it.
 
 mod bench;
+mod checkpoint;
 mod common;
 mod info;
 mod load;
@@ -41,6 +43,9 @@ enum Command {
     },
     /// Load raw files or safetensors shards into device memory.
     Load(load::LoadArgs),
+    /// Save, restore, verify, list and delete checkpoints of device memory.
+    #[command(subcommand)]
+    Checkpoint(checkpoint::CheckpointCommand),
     /// Benchmarks against the machine's limits.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -65,6 +70,7 @@ fn main() -> ExitCode {
         Command::Info { path, json } => info::run(path.as_deref(), json),
         Command::Gen { size, seed, out } => load::gen(&out, size, seed),
         Command::Load(args) => load::run(&args),
+        Command::Checkpoint(cmd) => checkpoint::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Demo { size, dir } => load::demo(size, dir),
     };

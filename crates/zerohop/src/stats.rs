@@ -134,7 +134,8 @@ impl TransferStats {
                     match (self.direct_bytes > 0, self.buffered_bytes > 0) {
                         (true, true) => "O_DIRECT and buffered",
                         (true, false) => "O_DIRECT",
-                        _ => "buffered",
+                        (false, true) => "buffered",
+                        (false, false) => "nothing (all unchanged)",
                     }
                 )
             };

@@ -1,0 +1,292 @@
+//! `zerohop checkpoint save|restore|verify|ls|rm`.
+
+use crate::common::{gib, EngineArgs};
+use crate::load::{verify as compare, Placed};
+use crate::progress::ProgressLine;
+use clap::Subcommand;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use zerohop::safetensors::{self, Allocation};
+use zerohop::storage::SourceFile;
+use zerohop::{Error, ErrorKind, Result, TransferStats};
+use zerohop_checkpoint::{self as ckpt, Manifest, Region, SaveOptions};
+
+#[derive(Subcommand, Debug)]
+pub enum CheckpointCommand {
+    /// Load safetensors files into device memory and save their tensors as
+    /// a checkpoint at DIR (a new directory).
+    Save {
+        /// A safetensors file whose tensors to checkpoint; repeat for several.
+        #[arg(long = "from", required = true)]
+        from: Vec<PathBuf>,
+        dir: PathBuf,
+        /// Save incrementally against this sibling checkpoint: unchanged
+        /// chunks are referenced, not rewritten.
+        #[arg(long)]
+        parent: Option<PathBuf>,
+        /// Data files to spread the tensors over (default: one per I/O thread).
+        #[arg(long)]
+        shards: Option<usize>,
+        #[command(flatten)]
+        engine: EngineArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restore a checkpoint into fresh device memory, checking every chunk.
+    Restore {
+        dir: PathBuf,
+        /// Also compare the restored tensors with this safetensors file (by
+        /// tensor name); repeat for several.
+        #[arg(long)]
+        against: Vec<PathBuf>,
+        #[command(flatten)]
+        engine: EngineArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every chunk's checksum and every data file (no GPU needed).
+    Verify {
+        dir: PathBuf,
+        #[arg(long, default_value_t = 8)]
+        threads: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a checkpoint's entries and sizes.
+    Ls {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a checkpoint, refused while another one still needs its chunks.
+    Rm { dir: PathBuf },
+}
+
+#[derive(Serialize)]
+struct SaveReport<'a> {
+    dir: String,
+    entries: usize,
+    bytes: u64,
+    written_bytes: u64,
+    seconds_to_durable: f64,
+    gbps: f64,
+    transfer: &'a TransferStats,
+}
+
+pub fn run(cmd: CheckpointCommand) -> Result<()> {
+    match cmd {
+        CheckpointCommand::Save {
+            from,
+            dir,
+            parent,
+            shards,
+            engine,
+            json,
+        } => save(&from, &dir, parent, shards, &engine, json),
+        CheckpointCommand::Restore {
+            dir,
+            against,
+            engine,
+            json,
+        } => restore(&dir, &against, &engine, json),
+        CheckpointCommand::Verify { dir, threads, json } => {
+            let v = ckpt::verify(&dir, threads)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"dir": dir, "ok": true, "chunks": v.chunks, "bytes": v.bytes, "referenced_chunks": v.referenced_chunks})
+                );
+            } else {
+                println!(
+                    "ok: {} chunks ({}) match their checksums{}",
+                    v.chunks,
+                    gib(v.bytes),
+                    if v.referenced_chunks > 0 {
+                        format!(
+                            ", {} of them stored in parent checkpoints",
+                            v.referenced_chunks
+                        )
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            Ok(())
+        }
+        CheckpointCommand::Ls { dir, json } => ls(&dir, json),
+        CheckpointCommand::Rm { dir } => {
+            ckpt::remove(&dir)?;
+            println!("removed {}", dir.display());
+            Ok(())
+        }
+    }
+}
+
+fn save(
+    from: &[PathBuf],
+    dir: &Path,
+    parent: Option<PathBuf>,
+    shards: Option<usize>,
+    args: &EngineArgs,
+    json: bool,
+) -> Result<()> {
+    let engine = args.engine()?;
+    let model = safetensors::load_safetensors(&engine, from, Allocation::PerTensor, None)?;
+    let regions: Vec<Region> = model
+        .tensors
+        .iter()
+        .map(|t| Region::tensor(t.name.clone(), t.dtype, t.shape.clone(), t.buffer.clone()))
+        .collect();
+    let bytes: u64 = regions.iter().map(|r| r.data.len() as u64).sum();
+    let bar = ProgressLine::new("saving", bytes);
+    let progress = |n| bar.advance(n);
+    let opts = SaveOptions {
+        parent,
+        shards,
+        ..SaveOptions::default()
+    };
+    let saved = ckpt::save(&engine, &regions, dir, &opts, Some(&progress))?;
+    bar.finish();
+    let gbps = bytes as f64 / saved.seconds / 1e9;
+    if json {
+        let report = SaveReport {
+            dir: dir.display().to_string(),
+            entries: regions.len(),
+            bytes,
+            written_bytes: saved.written_bytes,
+            seconds_to_durable: saved.seconds,
+            gbps,
+            transfer: &saved.stats,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("report serializes")
+        );
+    } else {
+        println!(
+            "saved    {} entries ({}) to {} in {} data files",
+            regions.len(),
+            gib(bytes),
+            dir.display(),
+            saved.manifest.files.len()
+        );
+        println!(
+            "time     {:.3} s to durable (data, manifest and directory synced), {gbps:.2} GB/s",
+            saved.seconds
+        );
+        println!(
+            "wrote    {} ({} unchanged, referenced from the parent)",
+            gib(saved.written_bytes),
+            gib(saved.stats.skipped_bytes)
+        );
+        println!("path     {}", saved.stats.path);
+    }
+    Ok(())
+}
+
+fn restore(dir: &Path, against: &[PathBuf], args: &EngineArgs, json: bool) -> Result<()> {
+    let engine = args.engine()?;
+    let manifest = Manifest::read(dir)?;
+    let bar = ProgressLine::new("restoring", manifest.bytes());
+    let progress = |n| bar.advance(n);
+    let r = ckpt::restore(&engine, dir, Some(&progress))?;
+    bar.finish();
+    let mut matches = None;
+    if !against.is_empty() {
+        let mut placed = Vec::new();
+        let mut headers = Vec::new();
+        for p in against {
+            headers.push((p, safetensors::read_header(&SourceFile::open(p)?)?));
+        }
+        for (e, b) in r.manifest.entries.iter().zip(&r.buffers) {
+            let found = headers.iter().find_map(|(p, h)| {
+                h.tensors
+                    .iter()
+                    .find(|t| t.name == e.name)
+                    .map(|t| (p, h.data_start + t.begin, t.len()))
+            });
+            match found {
+                Some((p, off, len)) if len == e.bytes => placed.push(Placed {
+                    path: p.to_path_buf(),
+                    file_offset: off,
+                    buffer: b.clone(),
+                }),
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "entry {:?} is not in the --against files with the same size",
+                        e.name
+                    )))
+                }
+            }
+        }
+        matches = Some(compare(&engine, &placed)?);
+    }
+    let s = &r.stats;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"dir": dir, "entries": r.buffers.len(), "matches": matches, "transfer": s})
+        );
+    } else {
+        println!(
+            "restored {} entries ({}) into {}, every chunk verified",
+            r.buffers.len(),
+            gib(s.bytes),
+            s.device
+        );
+        println!("time     {:.3} s, {:.2} GB/s", s.seconds, s.gbps);
+        println!("path     {}", s.path);
+        if let Some(m) = matches {
+            println!(
+                "compare: {}",
+                if m {
+                    "contents match the files"
+                } else {
+                    "CONTENTS DIFFER"
+                }
+            );
+        }
+    }
+    match matches {
+        Some(false) => Err(Error::new(
+            ErrorKind::Integrity,
+            "restored contents differ from the --against files",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn ls(dir: &Path, json: bool) -> Result<()> {
+    let m = Manifest::read(dir)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&m).expect("manifest serializes")
+        );
+        return Ok(());
+    }
+    println!(
+        "{}: {} entries, {} in {} data files, {} chunks of {}{}",
+        dir.display(),
+        m.entries.len(),
+        gib(m.bytes()),
+        m.files.len(),
+        m.chunks.len(),
+        gib(m.chunk_bytes),
+        m.parent
+            .as_ref()
+            .map_or(String::new(), |p| format!(", parent {p}"))
+    );
+    for e in &m.entries {
+        let kind = match (&e.dtype, &e.shape) {
+            (Some(d), Some(s)) => format!("{d} {s:?}"),
+            _ => "raw".to_string(),
+        };
+        println!("{:>14}  {:<24} {}", e.bytes, kind, e.name);
+    }
+    let referenced = m.chunks.iter().filter(|c| c.stored_in.is_some()).count();
+    if referenced > 0 {
+        println!("{referenced} chunks are stored in parent checkpoints");
+    }
+    Ok(())
+}
