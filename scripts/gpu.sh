@@ -5,7 +5,7 @@
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
-# Steps: info, tests, hot, cold, peers. The device tool call is:
+# Steps: info, tests, hot, cold, sweep, peers, checkpoint. The device tool call is:
 #   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
 # (add ".whl" to carry and "peers" to the steps for the peer loaders; fetch
 # their wheels first with bench/fetch-peer-wheels.sh).
@@ -23,7 +23,7 @@ for line in sys.stdin:
     m = json.loads(line)
     exe = m.get("executable")
     # The CLI tests run the binary at its build path: CPU-side only.
-    if m.get("reason") == "compiler-artifact" and exe and m["target"]["kind"] != ["bin"] and m["target"]["name"] != "cli":
+    if m.get("reason") == "compiler-artifact" and exe and m["target"]["kind"] != ["bin"] and "zerohop-cli" not in m["package_id"]:
         shutil.copy(exe, ".stage/tests/" + m["target"]["name"])
 '
     strip .stage/bin/* .stage/tests/*
@@ -71,6 +71,18 @@ device() {
             for args in "${configs[@]}"; do
                 r=$(zerohop load $HOT --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); p=s["profile"]; w=p["worker_seconds"] or 1; print("%6.2f GB/s cpu %.2fs read %2.0f%% wait %2.0f%%" % (s["gbps"], s["cpu_seconds"], 100*p["io_seconds"]/w, 100*p["copy_wait_seconds"]/w))')
                 echo "sweep  $r  ${ZEROHOP_SWEEP_LABEL:-} $args" | tee -a "$OUT/sweep.txt"
+            done
+            ;;
+        checkpoint)
+            # Save/restore 16 GiB of device memory to disk and to tmpfs:
+            # zerohop (with raw write/read limits) and its peers, same run.
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+            export PYTHONPATH=/tmp/site
+            for pair in disk:/var/tmp/zerohop-ckpt tmpfs:/dev/shm/zerohop-ckpt; do
+                name=${pair%%:*} target=${pair#*:}
+                PYTHONUNBUFFERED=1 python3 bench/checkpoint_peers.py --size-gib "${ZEROHOP_CKPT_GIB:-16}" --dir "$target" \
+                    --zerohop .stage/bin/zerohop --json-out "$OUT/checkpoint-$name.json" | tee "$OUT/checkpoint-$name.txt"
+                rm -rf "$target"
             done
             ;;
         peers)

@@ -17,6 +17,9 @@ use zerohop::{Device, Engine, Error, Result, TransferStats};
 pub enum BenchCommand {
     /// Time loads of FILE against the pinned H2D limit and the raw read rate.
     Load(BenchLoadArgs),
+    /// Save device memory as a checkpoint and restore it, against the raw
+    /// write and read rates of the same directory.
+    Checkpoint(crate::bench_checkpoint::BenchCheckpointArgs),
 }
 
 #[derive(Args, Debug)]
@@ -76,6 +79,7 @@ struct Report {
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Load(a) => bench_load(&a),
+        BenchCommand::Checkpoint(a) => crate::bench_checkpoint::run(&a),
     }
 }
 
@@ -350,13 +354,13 @@ fn raw_read(
 }
 
 /// A page-aligned heap buffer (O_DIRECT needs aligned memory).
-struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     ptr: *mut u8,
     layout: std::alloc::Layout,
 }
 
 impl AlignedBuf {
-    fn new(len: usize) -> Self {
+    pub(crate) fn new(len: usize) -> Self {
         let layout = std::alloc::Layout::from_size_align(len, 4096).expect("valid layout");
         // SAFETY: non-zero size; checked for null below.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -366,7 +370,7 @@ impl AlignedBuf {
         AlignedBuf { ptr, layout }
     }
 
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: we own `layout.size()` initialised (zeroed) bytes at `ptr`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
     }

@@ -2,6 +2,7 @@
 //! limit (loads, checkpoints), and measure it.
 
 mod bench;
+mod bench_checkpoint;
 mod checkpoint;
 mod common;
 mod info;

@@ -187,3 +187,41 @@ fn unreadable_file_is_a_permission_error() {
         "{err}"
     );
 }
+
+/// `bench checkpoint` on host memory: saves, restores, compares, and
+/// reports its rates beside the directory's raw rates.
+#[test]
+fn bench_checkpoint_round_trips_on_host() {
+    let dir = tmp("bench-ckpt");
+    let out = zerohop(&[
+        "bench",
+        "checkpoint",
+        "--size",
+        "24MiB",
+        "--region",
+        "5MiB",
+        "--device",
+        "host",
+        "--json",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["contents_match"], true);
+    assert_eq!(v["bytes"], 24 << 20);
+    for k in [
+        "save_gbps",
+        "restore_gbps",
+        "save_ratio_to_raw_write",
+        "restore_ratio_to_raw_read",
+    ] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}");
+    }
+    // The checkpoint and the raw files are gone afterwards.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}

@@ -119,3 +119,52 @@ fn gpu_errors_are_typed() {
         ErrorKind::InvalidInput
     );
 }
+
+/// Device memory saved as safetensors (D2H copies into slots, O_DIRECT
+/// writes on disk, buffered on tmpfs) and loaded back byte for byte.
+#[test]
+fn save_from_gpu_memory_round_trips() {
+    use std::collections::BTreeMap;
+    use zerohop::safetensors::{save_safetensors, Dtype, TensorToSave};
+    let Some(dev) = gpu() else { return };
+    let e = engine(&dev, DirectIo::Auto, HotRoute::Staged);
+    let mut dirs = vec![TestDir::new("gpu-save")];
+    if Path::new("/dev/shm").is_dir() {
+        dirs.push(TestDir::under(Path::new("/dev/shm"), "gpu-save"));
+    }
+    let sizes = [(9 << 20) + 6, 2, 0, 3 << 20];
+    let data: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, 40 + i as u64))
+        .collect();
+    let tensors: Vec<TensorToSave> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let b = dev.alloc(d.len()).unwrap();
+            dev.write_from_host(&b, 0, d).unwrap();
+            TensorToSave {
+                name: format!("t{i}"),
+                dtype: Dtype::I16,
+                shape: vec![d.len() as u64 / 2],
+                data: b,
+            }
+        })
+        .collect();
+    for dir in &dirs {
+        let path = dir.path("saved.safetensors");
+        let s = save_safetensors(&e, &path, &tensors, &BTreeMap::new(), None).unwrap();
+        eprintln!(
+            "{}: save {:.2} GB/s via {}",
+            dir.0.display(),
+            s.gbps,
+            s.path
+        );
+        let m = load_safetensors(&e, &[&path], Allocation::PerTensor, None).unwrap();
+        for t in &m.tensors {
+            let i: usize = t.name[1..].parse().unwrap();
+            assert!(read_all(dev.as_ref(), &t.buffer) == data[i], "{}", t.name);
+        }
+    }
+}
