@@ -288,18 +288,21 @@ fn stage(
     }
     let slot = free.pop().expect("a slot is free");
     let t = Instant::now();
-    let read = read_window(w, slot, file, mode, win).and_then(|used| {
+    let read = read_window(w, slot, file, mode, win);
+    moved.profile.io_seconds += t.elapsed().as_secs_f64();
+    let read = read.and_then(|used| {
         if let Some(check) = job.check {
+            let t = Instant::now();
             // SAFETY: the slot holds `win.needed` freshly read bytes and no
             // copy reads or writes it now.
             let bytes = unsafe {
                 std::slice::from_raw_parts(w.slots[slot].as_mut_ptr(), win.needed as usize)
             };
             check(win.file, win.start, bytes)?;
+            moved.profile.check_seconds += t.elapsed().as_secs_f64();
         }
         Ok(used)
     });
-    moved.profile.io_seconds += t.elapsed().as_secs_f64();
     let used = match read {
         Ok(used) => used,
         Err(e) => {

@@ -74,6 +74,8 @@ pub struct WorkerProfile {
     pub io_seconds: f64,
     /// Pinning page-cache windows for the DMA route.
     pub pin_seconds: f64,
+    /// Looking at the bytes in the slots: checksums of checkpoints.
+    pub check_seconds: f64,
     /// Queueing copies and recording their fences.
     pub queue_seconds: f64,
     /// Blocked until earlier copies finished, so a slot or pin was free.
@@ -85,6 +87,7 @@ impl WorkerProfile {
         self.worker_seconds += o.worker_seconds;
         self.io_seconds += o.io_seconds;
         self.pin_seconds += o.pin_seconds;
+        self.check_seconds += o.check_seconds;
         self.queue_seconds += o.queue_seconds;
         self.copy_wait_seconds += o.copy_wait_seconds;
     }
@@ -99,9 +102,10 @@ impl WorkerProfile {
             }
         };
         format!(
-            "workers' time: file I/O {:.0}%, pin {:.0}%, queue copies {:.0}%, wait for copies {:.0}%",
+            "workers' time: file I/O {:.0}%, pin {:.0}%, checksums {:.0}%, queue copies {:.0}%, wait for copies {:.0}%",
             share(self.io_seconds),
             share(self.pin_seconds),
+            share(self.check_seconds),
             share(self.queue_seconds),
             share(self.copy_wait_seconds)
         )

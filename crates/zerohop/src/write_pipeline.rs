@@ -169,7 +169,9 @@ fn finish(
     let runs = copied_runs(win);
     let keep = match job.filter {
         Some(filter) => {
+            let t = Instant::now();
             let keep = filter(win.file, win.start, bytes)?;
+            out.profile.check_seconds += t.elapsed().as_secs_f64();
             for r in &keep {
                 assert!(
                     runs.iter().any(|c| c.start <= r.start && r.end <= c.end),

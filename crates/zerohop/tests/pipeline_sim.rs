@@ -58,7 +58,8 @@ fn load_exact(engine: &Engine, path: &std::path::Path, data: &[u8]) -> zerohop::
     );
     // The profile's parts are disjoint stretches of the workers' time.
     let p = stats.profile;
-    let parts = p.io_seconds + p.pin_seconds + p.queue_seconds + p.copy_wait_seconds;
+    let parts =
+        p.io_seconds + p.pin_seconds + p.check_seconds + p.queue_seconds + p.copy_wait_seconds;
     assert!(parts <= p.worker_seconds * 1.001 + 1e-6, "{p:?}");
     if stats.buffered_bytes + stats.direct_bytes > 0 {
         assert!(p.io_seconds > 0.0, "{p:?}");
