@@ -174,10 +174,15 @@ fn save(
             "time     {:.3} s to durable (data, manifest and directory synced), {gbps:.2} GB/s",
             saved.seconds
         );
+        let skipped = saved.stats.skipped_bytes;
         println!(
-            "wrote    {} ({} unchanged, referenced from the parent)",
+            "wrote    {}{}",
             gib(saved.written_bytes),
-            gib(saved.stats.skipped_bytes)
+            if skipped > 0 {
+                format!(" ({} unchanged, referenced from the parent)", gib(skipped))
+            } else {
+                String::new()
+            }
         );
         println!("path     {}", saved.stats.path);
     }

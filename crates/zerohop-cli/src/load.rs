@@ -227,7 +227,7 @@ pub fn demo(size: u64, dir: Option<PathBuf>) -> Result<()> {
     gen(&path, size, 1)?;
     println!("== loading it with verification");
     let args = LoadArgs {
-        files: vec![path],
+        files: vec![path.clone()],
         engine: crate::common::EngineArgs {
             device: "auto".into(),
             threads: None,
@@ -243,5 +243,25 @@ pub fn demo(size: u64, dir: Option<PathBuf>) -> Result<()> {
         verify: true,
         json: false,
     };
-    run(&args)
+    run(&args)?;
+    println!("== saving it as a checkpoint, then restoring that and comparing with the model");
+    let ck = dir.join("demo-checkpoint");
+    if ck.exists() {
+        zerohop_checkpoint::remove(&ck)?;
+    }
+    use crate::checkpoint::{run as checkpoint, CheckpointCommand};
+    checkpoint(CheckpointCommand::Save {
+        from: vec![path.clone()],
+        dir: ck.clone(),
+        parent: None,
+        shards: None,
+        engine: args.engine.clone(),
+        json: false,
+    })?;
+    checkpoint(CheckpointCommand::Restore {
+        dir: ck,
+        against: vec![path],
+        engine: args.engine,
+        json: false,
+    })
 }
