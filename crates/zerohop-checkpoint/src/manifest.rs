@@ -176,6 +176,23 @@ impl Manifest {
         }
     }
 
+    /// The error for chunk number `chunk` of the checkpoint at `dir` not
+    /// matching its checksum.
+    pub fn damaged_chunk(&self, dir: &Path, chunk: usize) -> Error {
+        let c = &self.chunks[chunk];
+        Error::new(
+            ErrorKind::Integrity,
+            format!(
+                "{}: chunk of {} does not match its checksum{}: the checkpoint is damaged",
+                dir.display(),
+                self.describe_chunk(c.file, c.offset),
+                c.stored_in
+                    .as_ref()
+                    .map_or(String::new(), |s| format!(" (stored in {s})"))
+            ),
+        )
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::format(format!("manifest: {what}")));
         if self.format != FORMAT || self.version != VERSION {

@@ -138,29 +138,19 @@ fn restore_entries(
         }
     }
     let verified = AtomicUsize::new(0);
-    let check =
-        |file: usize, start: u64, bytes: &[u8]| -> Result<()> {
-            let end = start + bytes.len() as u64;
-            let list = &expected[file];
-            let first = list.partition_point(|x| x.offset < start);
-            for x in list[first..].iter().take_while(|x| x.offset + x.len <= end) {
-                let rel = (x.offset - start) as usize;
-                if chunk_checksum(&bytes[rel..rel + x.len as usize]) != x.xxh3 {
-                    let c = &m.chunks[x.chunk];
-                    return Err(Error::new(
-                        ErrorKind::Integrity,
-                        format!(
-                        "{}: chunk of {} does not match its checksum{}: the checkpoint is damaged",
-                        dir.display(),
-                        m.describe_chunk(c.file, c.offset),
-                        c.stored_in.as_ref().map_or(String::new(), |s| format!(" (stored in {s})"))
-                    ),
-                    ));
-                }
-                verified.fetch_add(1, Ordering::Relaxed);
+    let check = |file: usize, start: u64, bytes: &[u8]| -> Result<()> {
+        let end = start + bytes.len() as u64;
+        let list = &expected[file];
+        let first = list.partition_point(|x| x.offset < start);
+        for x in list[first..].iter().take_while(|x| x.offset + x.len <= end) {
+            let rel = (x.offset - start) as usize;
+            if chunk_checksum(&bytes[rel..rel + x.len as usize]) != x.xxh3 {
+                return Err(m.damaged_chunk(dir, x.chunk));
             }
-            Ok(())
-        };
+            verified.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    };
     let stats = engine.transfer_checked(&sources.files, &plan, &check, progress)?;
     let n = verified.into_inner();
     if n != m.chunks.len() {

@@ -53,18 +53,7 @@ pub fn verify(dir: &Path, threads: usize) -> Result<Verified> {
         return Err(e);
     }
     if let Some(i) = bad.into_inner().unwrap() {
-        let c = &m.chunks[i];
-        return Err(Error::new(
-            ErrorKind::Integrity,
-            format!(
-                "{}: chunk of {} does not match its checksum{}",
-                dir.display(),
-                m.describe_chunk(c.file, c.offset),
-                c.stored_in
-                    .as_ref()
-                    .map_or(String::new(), |s| format!(" (stored in {s})"))
-            ),
-        ));
+        return Err(m.damaged_chunk(dir, i));
     }
     Ok(Verified {
         chunks: m.chunks.len(),

@@ -1,8 +1,11 @@
 //! Checkpoints on the simulated device: round trips, damage detection,
 //! incremental saves, out-of-space, and leftovers of crashed saves.
 
+#[path = "../../zerohop/tests/common/mod.rs"]
+mod common;
+
+use common::{pattern, TestDir};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use zerohop::device::{SimConfig, SimDevice};
@@ -16,48 +19,14 @@ use zerohop_checkpoint::{
 
 const CHUNK: u64 = 16 << 10;
 
-struct TestDir(PathBuf);
-
-impl TestDir {
-    fn new(tag: &str) -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "zerohop-ckpt-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TestDir(p)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-    fn names(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(&self.0)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
-        })
-        .collect()
+/// The names in `dir`, sorted.
+fn names(dir: &TestDir) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
 }
 
 fn engine() -> Engine {
@@ -125,7 +94,7 @@ fn round_trip_new_and_existing_regions() {
         saved.written_bytes,
         data.iter().map(|d| d.len() as u64).sum::<u64>()
     );
-    assert_eq!(dir.names(), vec!["step-1"]);
+    assert_eq!(names(&dir), vec!["step-1"]);
 
     let r = restore(&e, &ck, None).unwrap();
     for (entry, buf) in r.manifest.entries.iter().zip(&r.buffers) {
@@ -316,7 +285,7 @@ fn incremental_saves_write_only_changed_chunks() {
     remove(&c).unwrap();
     remove(&b).unwrap();
     remove(&a).unwrap();
-    assert!(dir.names().is_empty(), "{:?}", dir.names());
+    assert!(names(&dir).is_empty(), "{:?}", names(&dir));
 }
 
 /// Out of space mid-save: a clear error, the previous checkpoint intact,
@@ -346,7 +315,7 @@ fn out_of_space_leaves_the_previous_checkpoint() {
         .collect();
     let err = save(&full, &moved, &dir.path("step-2"), &opts(), None).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::StorageFull, "{err}");
-    assert_eq!(dir.names(), vec!["step-1"]);
+    assert_eq!(names(&dir), vec!["step-1"]);
     verify(&a, 2).unwrap();
 }
 
@@ -390,5 +359,5 @@ fn engine_geometry_and_parent_location_are_checked() {
     };
     let err = save(&e, &regions, &dir.path("b"), &far_parent, None).unwrap_err();
     assert!(err.to_string().contains("sibling"), "{err}");
-    assert!(dir.names().is_empty(), "{:?}", dir.names());
+    assert!(names(&dir).is_empty(), "{:?}", names(&dir));
 }

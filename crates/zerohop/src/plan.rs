@@ -3,37 +3,10 @@
 //! the copies that scatter its bytes to device memory.
 
 use crate::device::{DeviceAddr, DeviceBuffer};
-use crate::storage::{SinkFile, SourceFile};
+use crate::storage::FilePair;
 use crate::{Error, Result};
 use std::collections::HashMap;
-use std::path::Path;
-
-/// A file a plan refers to: a source (loads) or a sink (saves).
-pub trait PlannedFile {
-    fn path(&self) -> &Path;
-    fn len(&self) -> u64;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl PlannedFile for SourceFile {
-    fn path(&self) -> &Path {
-        SourceFile::path(self)
-    }
-    fn len(&self) -> u64 {
-        SourceFile::len(self)
-    }
-}
-
-impl PlannedFile for SinkFile {
-    fn path(&self) -> &Path {
-        SinkFile::path(self)
-    }
-    fn len(&self) -> u64 {
-        SinkFile::len(self)
-    }
-}
+use std::ops::Deref;
 
 /// `len` bytes at `file_offset` of file number `file` and the device range
 /// at `dst`: its destination on a load, its source on a save.
@@ -95,7 +68,7 @@ impl TransferPlan {
     /// Adds `len` bytes of `files[file]` at `file_offset` and `dst` at
     /// `dst_offset` (loads copy the first into the second, saves the other
     /// way), checking both ranges.
-    pub fn add<F: PlannedFile>(
+    pub fn add<F: Deref<Target = FilePair>>(
         &mut self,
         files: &[F],
         file: usize,

@@ -1,8 +1,8 @@
+use super::FilePair;
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
 
 /// How a file's bytes are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -18,12 +18,14 @@ pub enum IoMode {
 /// file system accepts one.
 #[derive(Debug)]
 pub struct SourceFile {
-    path: PathBuf,
-    buffered: File,
-    direct: Option<File>,
-    len: u64,
-    /// Set when the file system accepted O_DIRECT at open but refused a read.
-    direct_refused: AtomicBool,
+    fds: FilePair,
+}
+
+impl std::ops::Deref for SourceFile {
+    type Target = FilePair;
+    fn deref(&self) -> &FilePair {
+        &self.fds
+    }
 }
 
 impl SourceFile {
@@ -53,57 +55,25 @@ impl SourceFile {
             .open(path)
             .ok();
         Ok(SourceFile {
-            path: path.to_owned(),
-            buffered,
-            direct,
-            len: meta.len(),
-            direct_refused: AtomicBool::new(false),
+            fds: FilePair::new(path, buffered, direct, meta.len()),
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Whether O_DIRECT reads are possible on this file.
-    pub fn direct_capable(&self) -> bool {
-        self.direct.is_some() && !self.direct_refused.load(Ordering::Relaxed)
-    }
-
-    /// Remembers that O_DIRECT reads fail here, so later reads go buffered.
-    pub fn refuse_direct(&self) {
-        self.direct_refused.store(true, Ordering::Relaxed);
-    }
-
-    /// The descriptor for `mode` (buffered when direct is unavailable).
-    pub fn fd_for(&self, mode: IoMode) -> &File {
-        match (&self.direct, mode) {
-            (Some(f), IoMode::Direct) => f,
-            _ => &self.buffered,
-        }
     }
 
     /// Reads at `offset` through the page cache, for header parsing.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.buffered.read_exact_at(buf, offset).map_err(|e| {
-            Error::io(
-                &self.path,
-                &format!("cannot read {} bytes at {offset} of", buf.len()),
-                e,
-            )
-        })
+        self.fd_for(IoMode::Buffered)
+            .read_exact_at(buf, offset)
+            .map_err(|e| {
+                Error::io(
+                    self.path(),
+                    &format!("cannot read {} bytes at {offset} of", buf.len()),
+                    e,
+                )
+            })
     }
 
     /// Fraction of the file's pages resident in the page cache (0.0 to 1.0).
     pub fn resident_fraction(&self) -> f64 {
-        crate::probe::page_cache_residency(&self.buffered, self.len).unwrap_or(0.0)
+        crate::probe::page_cache_residency(self.fd_for(IoMode::Buffered), self.len()).unwrap_or(0.0)
     }
 }

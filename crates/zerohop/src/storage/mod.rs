@@ -4,12 +4,14 @@
 
 pub mod atomic;
 mod fault;
+mod fds;
 mod file;
 mod psync;
 mod sink;
 mod uring;
 
 pub use fault::{Fault, FaultyBackend, FaultyWriteBackend, WriteFault};
+pub use fds::FilePair;
 pub use file::{IoMode, SourceFile};
 pub use psync::PreadBackend;
 pub use sink::{sync_dir, write_mode, PwriteBackend, SinkFile, WriteBackend};

@@ -1,23 +1,25 @@
 //! The write side of storage: files being written ([`SinkFile`]) and
 //! interchangeable write backends (`pwrite`, and a fault-injecting wrapper).
 
-use super::{IoMode, DIRECT_ALIGN};
+use super::{FilePair, IoMode, DIRECT_ALIGN};
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
 
 /// A file being written, sized up front, with an O_DIRECT descriptor when
 /// the file system accepts one.
 #[derive(Debug)]
 pub struct SinkFile {
-    path: PathBuf,
-    buffered: File,
-    direct: Option<File>,
-    len: u64,
-    direct_refused: AtomicBool,
+    fds: FilePair,
+}
+
+impl std::ops::Deref for SinkFile {
+    type Target = FilePair;
+    fn deref(&self) -> &FilePair {
+        &self.fds
+    }
 }
 
 impl SinkFile {
@@ -39,53 +41,21 @@ impl SinkFile {
             .open(path)
             .ok();
         Ok(SinkFile {
-            path: path.to_owned(),
-            buffered,
-            direct,
-            len,
-            direct_refused: AtomicBool::new(false),
+            fds: FilePair::new(path, buffered, direct, len),
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Whether O_DIRECT writes are possible on this file.
-    pub fn direct_capable(&self) -> bool {
-        self.direct.is_some() && !self.direct_refused.load(Ordering::Relaxed)
-    }
-
-    /// Remembers that O_DIRECT writes fail here, so later writes go buffered.
-    pub fn refuse_direct(&self) {
-        self.direct_refused.store(true, Ordering::Relaxed);
-    }
-
-    /// The descriptor for `mode` (buffered when direct is unavailable).
-    pub fn fd_for(&self, mode: IoMode) -> &File {
-        match (&self.direct, mode) {
-            (Some(f), IoMode::Direct) if self.direct_capable() => f,
-            _ => &self.buffered,
-        }
     }
 
     /// Writes host bytes through the page cache (headers, small metadata).
     pub fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.buffered.write_all_at(buf, offset).map_err(|e| {
-            Error::io(
-                &self.path,
-                &format!("cannot write {} bytes at {offset} of", buf.len()),
-                e,
-            )
-        })
+        self.fd_for(IoMode::Buffered)
+            .write_all_at(buf, offset)
+            .map_err(|e| {
+                Error::io(
+                    self.path(),
+                    &format!("cannot write {} bytes at {offset} of", buf.len()),
+                    e,
+                )
+            })
     }
 }
 
@@ -126,7 +96,7 @@ impl WriteBackend for PwriteBackend {
     }
 
     fn sync(&self, file: &SinkFile) -> io::Result<()> {
-        file.buffered.sync_all()
+        file.fd_for(IoMode::Buffered).sync_all()
     }
 }
 
