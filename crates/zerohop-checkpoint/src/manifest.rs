@@ -89,7 +89,12 @@ struct Envelope<'a> {
 
 /// The checksum of chunk bytes, as stored.
 pub fn chunk_checksum(bytes: &[u8]) -> String {
-    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
+    checksum_hex(xxhash_rust::xxh3::xxh3_64(bytes))
+}
+
+/// How a checksum is written in the manifest.
+pub(crate) fn checksum_hex(sum: u64) -> String {
+    format!("{sum:016x}")
 }
 
 impl Manifest {

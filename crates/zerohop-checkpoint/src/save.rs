@@ -102,8 +102,15 @@ pub fn save(
 ) -> Result<Saved> {
     let started = Instant::now();
     check_geometry(engine, opts.chunk_bytes)?;
+    let mut names = std::collections::HashSet::new();
+    if let Some(r) = regions.iter().find(|r| !names.insert(r.name.as_str())) {
+        return Err(Error::invalid(format!(
+            "region name {:?} is used twice",
+            r.name
+        )));
+    }
     let parent_dir = atomic::parent_of(dir);
-    std::fs::create_dir_all(parent_dir).map_err(|e| Error::io(parent_dir, "cannot create", e))?;
+    atomic::create_dir_durable(parent_dir)?;
     if dir.exists() {
         return Err(Error::new(
             ErrorKind::AlreadyExists,
@@ -111,12 +118,13 @@ pub fn save(
         ));
     }
     let base = Baseline::of(dir, opts.parent.as_deref())?;
-    atomic::remove_stale_temps_in(parent_dir)?;
+    atomic::remove_stale_temps_in(parent_dir);
     let tmp = atomic::temp_sibling(dir)?;
     std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, "cannot create", e))?;
     let saved = write_checkpoint(engine, regions, &tmp, opts, &base, progress).and_then(
         |(manifest, stats)| {
-            atomic::commit(&tmp, dir)?;
+            check_holders(dir, &manifest)?;
+            atomic::commit_new(&tmp, dir)?;
             Ok((manifest, stats))
         },
     );
@@ -134,9 +142,37 @@ pub fn save(
     }
 }
 
+/// The checkpoints holding our unchanged chunks must still be there just
+/// before we commit (`remove` cannot see a child that has not committed).
+fn check_holders(dir: &Path, m: &Manifest) -> Result<()> {
+    let holders: std::collections::BTreeSet<&str> = m
+        .chunks
+        .iter()
+        .filter_map(|c| c.stored_in.as_deref())
+        .collect();
+    for holder in holders {
+        let held = atomic::parent_of(dir).join(holder);
+        if !held.join(MANIFEST_FILE).is_file() {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "parent checkpoint {} was removed during the save",
+                    held.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check_geometry(engine: &Engine, chunk_bytes: u64) -> Result<()> {
     let slot = engine.config().staging.slot_bytes as u64;
-    if !chunk_bytes.is_power_of_two() || chunk_bytes < 4096 || !slot.is_multiple_of(chunk_bytes) {
+    if !chunk_bytes.is_power_of_two() || !(4096..=1 << 30).contains(&chunk_bytes) {
+        return Err(Error::invalid(format!(
+            "checkpoint chunks of {chunk_bytes} bytes: a power of two from 4 KiB to 1 GiB is needed"
+        )));
+    }
+    if !slot.is_multiple_of(chunk_bytes) {
         return Err(Error::invalid(format!(
             "checkpoint chunks of {chunk_bytes} bytes need staging slots that are a multiple of them (slots are {slot} bytes)"
         )));
@@ -256,7 +292,7 @@ fn write_checkpoint(
             .collect();
         let layout = layout(&tensors, &metadata)?;
         let name = format!("data-{s:05}.safetensors");
-        layout.start_file(&tmp.join(&name), &tensors, &mut files, &mut plan)?;
+        layout.start_file(engine, &tmp.join(&name), &tensors, &mut files, &mut plan)?;
         for (&i, info) in members.iter().zip(&layout.tensors) {
             let r = &regions[i];
             entries.push(Entry {
@@ -380,6 +416,8 @@ fn keep_changed(
 
 fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
     use std::io::Write;
+    // Never commit what a reader would refuse.
+    Manifest::decode(&m.encode()).map_err(|e| e.context("the new manifest is not valid"))?;
     let path = dir.join(MANIFEST_FILE);
     let mut f =
         std::fs::File::create_new(&path).map_err(|e| Error::io(&path, "cannot create", e))?;

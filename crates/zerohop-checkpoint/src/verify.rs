@@ -1,12 +1,16 @@
 //! Checking a checkpoint on disk without a GPU, and removing one safely.
 
-use crate::manifest::{chunk_checksum, Manifest};
+use crate::manifest::{checksum_hex, Manifest};
 use crate::restore::Sources;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use xxhash_rust::xxh3::Xxh3;
 use zerohop::storage::{atomic, sync_dir};
 use zerohop::{Error, ErrorKind, Result};
+
+/// Bytes read and hashed at a time.
+const PIECE: usize = 8 << 20;
 
 /// What a successful verification covered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,21 +31,28 @@ pub fn verify(dir: &Path, threads: usize) -> Result<Verified> {
     let next = AtomicUsize::new(0);
     let bad: Mutex<Option<usize>> = Mutex::new(None);
     let failed: Mutex<Option<Error>> = Mutex::new(None);
-    let largest = m.chunks.iter().map(|c| c.len).max().unwrap_or(0) as usize;
     std::thread::scope(|s| {
         for _ in 0..threads.clamp(1, 64) {
             s.spawn(|| {
-                let mut buf = vec![0u8; largest];
+                // Chunks are hashed in bounded pieces, whatever size the
+                // (untrusted) manifest claims for them.
+                let mut buf = vec![0u8; PIECE];
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(c) = m.chunks.get(i) else { break };
                     let file = &sources.files[sources.index(c.file, c.stored_in.as_deref())];
-                    let bytes = &mut buf[..c.len as usize];
-                    if let Err(e) = file.read_exact_at(bytes, c.offset) {
-                        failed.lock().unwrap().get_or_insert(e);
-                        break;
+                    let mut hash = Xxh3::new();
+                    let mut at = 0;
+                    while at < c.len {
+                        let n = PIECE.min((c.len - at) as usize);
+                        if let Err(e) = file.read_exact_at(&mut buf[..n], c.offset + at) {
+                            failed.lock().unwrap().get_or_insert(e);
+                            return;
+                        }
+                        hash.update(&buf[..n]);
+                        at += n as u64;
                     }
-                    if chunk_checksum(bytes) != c.xxh3 {
+                    if checksum_hex(hash.digest()) != c.xxh3 {
                         let mut b = bad.lock().unwrap();
                         *b = Some(b.map_or(i, |j| j.min(i)));
                     }
@@ -74,7 +85,10 @@ pub fn dependents(dir: &Path) -> Result<Vec<String>> {
     let listing = std::fs::read_dir(parent).map_err(|e| Error::io(parent, "cannot list", e))?;
     for entry in listing.flatten() {
         let path = entry.path();
-        if path == dir || !path.join(crate::MANIFEST_FILE).is_file() {
+        // Dot entries are temporaries of saves in flight or crashed: a
+        // save in flight checks its parent again just before it commits.
+        let hidden = entry.file_name().to_string_lossy().starts_with('.');
+        if hidden || path == dir || !path.join(crate::MANIFEST_FILE).is_file() {
             continue;
         }
         // A sibling whose manifest cannot be read might depend on `dir`:

@@ -319,25 +319,82 @@ fn out_of_space_leaves_the_previous_checkpoint() {
     verify(&a, 2).unwrap();
 }
 
-/// A crashed save's temporary directory is recognised (its writer is gone)
-/// and removed by the next save in the same directory; a live writer's is
-/// left alone.
+/// A crashed save's temporary directory is recognised (its writer on this
+/// host is gone) and removed by the next save in the same directory; those
+/// of a live writer, or of a writer on another host, are left alone.
 #[test]
 fn leftovers_of_crashed_saves_are_cleaned() {
     let dir = TestDir::new("leftover");
     let e = engine();
     let (regions, _) = regions(&e, 6);
-    // pid 0x7fff_fff0 does not exist; our own pid does.
-    let dead = dir.path(".step-2.zerohop-tmp-2147483632-0");
-    let live = dir.path(&format!(".step-9.zerohop-tmp-{}-77", std::process::id()));
-    for d in [&dead, &live] {
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    // A temporary name of ours, with the pid swapped for another one.
+    let ours = zerohop::storage::atomic::temp_sibling(&dir.path("step-2")).unwrap();
+    let ours = ours.file_name().unwrap().to_str().unwrap().to_string();
+    let me = format!("-{}-", std::process::id());
+    let with_pid = |pid: u32| ours.replace(&me, &format!("-{pid}-"));
+    // pid 0x7fff_fff0 does not exist.
+    let dead = dir.path(&with_pid(0x7fff_fff0));
+    let live = dir.path(&with_pid(sleeper.id()).replace(".step-2.", ".step-9."));
+    let foreign = dir.path(".step-4.zerohop-tmp-some-other-host-2147483632-0");
+    for d in [&dead, &live, &foreign] {
         std::fs::create_dir(d).unwrap();
         std::fs::write(d.join("data-00000.safetensors"), b"partial").unwrap();
     }
     save(&e, &regions, &dir.path("step-3"), &opts(), None).unwrap();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
     assert!(!dead.exists());
-    assert!(live.exists());
+    assert!(live.exists() && foreign.exists());
     Manifest::read(&dir.path("step-3")).unwrap();
+}
+
+/// An incremental save after regions changed size restores exactly, and
+/// duplicate region names are refused before anything is written.
+#[test]
+fn incremental_after_resize_and_duplicate_names() {
+    let dir = TestDir::new("resize");
+    let e = engine();
+    let (mut regions, mut data) = regions(&e, 8);
+    // One data file, so a resize of the last region changes its length
+    // and leaves the chunks before it where they were.
+    let one = SaveOptions {
+        shards: Some(1),
+        ..opts()
+    };
+    let mut parent = dir.path("a");
+    save(&e, &regions, &parent, &one, None).unwrap();
+    let last = regions.len() - 1;
+    for (step, n) in [(1, 100_000usize), (2, 3_000)] {
+        data[last] = pattern(n, 99 + step);
+        let b = e.device().alloc(n).unwrap();
+        e.device().write_from_host(&b, 0, &data[last]).unwrap();
+        regions[last].data = b;
+        regions[last].tensor = None;
+        let child = dir.path(&format!("step-{step}"));
+        let opts = SaveOptions {
+            parent: Some(parent.clone()),
+            ..one.clone()
+        };
+        let saved = save(&e, &regions, &child, &opts, None).unwrap();
+        assert!(saved.stats.skipped_bytes > 0, "nothing was referenced");
+        let r = restore(&e, &child, None).unwrap();
+        for (entry, buf) in r.manifest.entries.iter().zip(&r.buffers) {
+            let k = regions.iter().position(|g| g.name == entry.name).unwrap();
+            assert!(contents(&e, buf) == data[k], "{}", entry.name);
+        }
+        verify(&child, 2).unwrap();
+        parent = child;
+    }
+
+    let mut twice = regions.clone();
+    twice[1].name = twice[0].name.clone();
+    let err = save(&e, &twice, &dir.path("c"), &opts(), None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(!dir.path("c").exists());
 }
 
 #[test]

@@ -17,8 +17,8 @@ use std::time::Instant;
 
 /// Sees each window's bytes in its slot before they are written, and says
 /// which ranges (relative to the window's start) to write. Incremental
-/// checkpoints use it to hash chunks and skip unchanged ones. It must only
-/// name ranges inside the window's copies.
+/// checkpoints use it to hash chunks and skip unchanged ones. The ranges
+/// must be in order, disjoint, and inside the window's copies.
 pub type WriteFilter<'a> = &'a (dyn Fn(usize, u64, &[u8]) -> Result<Vec<Range<u64>>> + Sync);
 
 /// Byte counts one worker wrote, by mode, and where its time went.
@@ -172,11 +172,12 @@ fn finish(
             let t = Instant::now();
             let keep = filter(win.file, win.start, bytes)?;
             out.profile.check_seconds += t.elapsed().as_secs_f64();
-            for r in &keep {
-                assert!(
-                    runs.iter().any(|c| c.start <= r.start && r.end <= c.end),
-                    "write filter named bytes outside the window's copies"
-                );
+            let inside = |r: &Range<u64>| runs.iter().any(|c| c.start <= r.start && r.end <= c.end);
+            let ordered = keep.windows(2).all(|p| p[0].end <= p[1].start);
+            if !ordered || !keep.iter().all(inside) {
+                return Err(Error::invalid(
+                    "a write filter named overlapping ranges or bytes outside the window",
+                ));
             }
             keep
         }
@@ -243,7 +244,7 @@ fn write_range(
     Ok((split, len - split))
 }
 
-fn write_error(file: &SinkFile, at: u64, len: u64, e: std::io::Error) -> Error {
+pub(crate) fn write_error(file: &SinkFile, at: u64, len: u64, e: std::io::Error) -> Error {
     let err = Error::io(
         file.path(),
         &format!("write of {len} bytes at offset {at} failed in"),

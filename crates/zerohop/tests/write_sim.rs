@@ -206,18 +206,23 @@ fn safetensors_round_trip_and_atomic_replace() {
         Arc::new(PwriteBackend),
         vec![WriteFault::NoSpace { at: 20_000 }],
     )));
-    let again: Vec<_> = tensors
-        .iter()
-        .map(|t| {
-            let mut bytes = vec![0u8; t.data.len()];
-            e.device().read_back(&t.data, 0, &mut bytes).unwrap();
-            TensorToSave {
-                data: upload(&full, &bytes),
-                ..t.clone()
-            }
-        })
-        .collect();
+    let again = copy_to(&e, &full, &tensors);
     let err = save_safetensors(&full, &path, &again, &meta, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::StorageFull, "{err}");
+    assert!(std::fs::read(&path).unwrap() == before);
+    // Full already while writing the header.
+    let no_room = engine(16 << 10, 8, 3).with_write_backend(Arc::new(FaultyWriteBackend::new(
+        Arc::new(PwriteBackend),
+        vec![WriteFault::NoSpace { at: 100 }],
+    )));
+    let err = save_safetensors(
+        &no_room,
+        &path,
+        &copy_to(&e, &no_room, &tensors),
+        &meta,
+        None,
+    )
+    .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::StorageFull, "{err}");
     assert!(std::fs::read(&path).unwrap() == before);
     let names: Vec<_> = std::fs::read_dir(&dir.0)
@@ -225,6 +230,21 @@ fn safetensors_round_trip_and_atomic_replace() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(names, vec![std::ffi::OsString::from("m.safetensors")]);
+}
+
+/// The same tensors, copied from `from`'s device memory into `to`'s.
+fn copy_to(from: &Engine, to: &Engine, tensors: &[TensorToSave]) -> Vec<TensorToSave> {
+    tensors
+        .iter()
+        .map(|t| {
+            let mut bytes = vec![0u8; t.data.len()];
+            from.device().read_back(&t.data, 0, &mut bytes).unwrap();
+            TensorToSave {
+                data: upload(to, &bytes),
+                ..t.clone()
+            }
+        })
+        .collect()
 }
 
 #[test]

@@ -167,6 +167,15 @@ impl CopyQueue for CudaQueue {
     }
 }
 
+impl Drop for CudaQueue {
+    fn drop(&mut self) {
+        // Copies queued before an error may have no fence: wait for them all
+        // before their host memory can be reused. Errors were reported by
+        // the fences; nothing more to say here.
+        let _ = self.stream.synchronize();
+    }
+}
+
 struct CudaFence {
     /// `Some` until dropped.
     event: Option<Event>,

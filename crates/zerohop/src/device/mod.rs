@@ -134,7 +134,9 @@ pub trait Fence: Send {
     fn wait(&self) -> Result<()>;
 }
 
-/// An ordered queue of asynchronous copies (a CUDA stream).
+/// An ordered queue of asynchronous copies (a CUDA stream). Dropping a
+/// queue waits for every copy queued on it, fenced or not, so no copy can
+/// outlive the worker that queued it (after an error or a panic included).
 pub trait CopyQueue: Send {
     /// Queues a copy of `len` bytes from host `src` to device `dst`.
     ///

@@ -298,6 +298,16 @@ impl CopyQueue for SimQueue {
     }
 }
 
+impl Drop for SimQueue {
+    fn drop(&mut self) {
+        // As a CUDA queue: wait for every queued copy before the memory they
+        // touch can be reused.
+        if let Ok(fence) = self.record() {
+            let _ = fence.wait();
+        }
+    }
+}
+
 struct SimFence(Arc<FenceState>);
 
 impl Fence for SimFence {

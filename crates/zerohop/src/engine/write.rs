@@ -4,7 +4,7 @@ use super::Engine;
 use crate::pipeline::Progress;
 use crate::plan::{windows, TransferPlan, Window};
 use crate::stats::{Direction, TransferStats};
-use crate::storage::{sync_dir, SinkFile, DIRECT_ALIGN};
+use crate::storage::{sync_dir, IoMode, SinkFile, DIRECT_ALIGN};
 use crate::write_pipeline::{self, WriteFilter, WriteJob, WriteWorker};
 use crate::{Error, ErrorKind, Result};
 use std::collections::BTreeSet;
@@ -79,6 +79,15 @@ impl Engine {
         );
         stats.finish(started, cpu_before);
         Ok(stats)
+    }
+
+    /// Writes host bytes (a header, small metadata) into `file` at `offset`
+    /// through the engine's write backend, buffered; made durable by the
+    /// next [`Engine::write`] of the file.
+    pub fn write_host_bytes(&self, file: &SinkFile, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.writer
+            .write_at(file, IoMode::Buffered, offset, bytes)
+            .map_err(|e| write_pipeline::write_error(file, offset, bytes.len() as u64, e))
     }
 
     /// `fsync`s every file (several at once) and then their directories.

@@ -83,17 +83,18 @@ pub fn layout(tensors: &[TensorToSave], metadata: &BTreeMap<String, String>) -> 
 
 impl FileLayout {
     /// Creates the file at `path` (which must not exist), writes the header
-    /// and adds the tensors' device ranges to `plan` as file number `index`
-    /// of `files`, to which the new file is pushed.
+    /// through `engine`'s write backend, pushes the file onto `files` and
+    /// adds the tensors' device ranges to `plan` for it.
     pub fn start_file(
         &self,
+        engine: &Engine,
         path: &Path,
         tensors: &[TensorToSave],
         files: &mut Vec<SinkFile>,
         plan: &mut TransferPlan,
     ) -> Result<()> {
         let file = SinkFile::create_new(path, self.file_len)?;
-        file.write_all_at(&self.header, 0)?;
+        engine.write_host_bytes(&file, 0, &self.header)?;
         files.push(file);
         let index = files.len() - 1;
         for (t, info) in tensors.iter().zip(&self.tensors) {
@@ -122,12 +123,12 @@ pub fn save_safetensors(
     progress: Option<Progress<'_>>,
 ) -> Result<TransferStats> {
     let layout = layout(tensors, metadata)?;
-    atomic::remove_stale_temps(path)?;
+    atomic::remove_stale_temps(path);
     let tmp = atomic::temp_sibling(path)?;
     let written = (|| {
         let mut files = Vec::new();
         let mut plan = TransferPlan::new();
-        layout.start_file(&tmp, tensors, &mut files, &mut plan)?;
+        layout.start_file(engine, &tmp, tensors, &mut files, &mut plan)?;
         let stats = engine.write(&files, &plan, None, progress)?;
         atomic::commit(&tmp, path)?;
         Ok(stats)

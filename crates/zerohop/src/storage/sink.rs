@@ -44,19 +44,6 @@ impl SinkFile {
             fds: FilePair::new(path, buffered, direct, len),
         })
     }
-
-    /// Writes host bytes through the page cache (headers, small metadata).
-    pub fn write_all_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.fd_for(IoMode::Buffered)
-            .write_all_at(buf, offset)
-            .map_err(|e| {
-                Error::io(
-                    self.path(),
-                    &format!("cannot write {} bytes at {offset} of", buf.len()),
-                    e,
-                )
-            })
-    }
 }
 
 /// Which descriptor suits a write of `len` bytes at `offset`: O_DIRECT when
