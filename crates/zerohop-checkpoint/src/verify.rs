@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use xxhash_rust::xxh3::Xxh3;
 use zerohop::storage::{atomic, sync_dir};
-use zerohop::{Error, ErrorKind, Result};
+use zerohop::{Error, ErrorKind, Progress, Result};
 
 /// Bytes read and hashed at a time.
 const PIECE: usize = 8 << 20;
@@ -24,8 +24,8 @@ pub struct Verified {
 /// Reads every chunk of the checkpoint at `dir` (following references to
 /// parent checkpoints) with `threads` readers and checks its checksum, and
 /// checks every data file's size and header. Fails naming the first bad
-/// chunk in file order.
-pub fn verify(dir: &Path, threads: usize) -> Result<Verified> {
+/// chunk in file order. `progress` hears of the bytes checked.
+pub fn verify(dir: &Path, threads: usize, progress: Option<Progress<'_>>) -> Result<Verified> {
     let m = Manifest::read(dir)?;
     let sources = Sources::open(dir, &m)?;
     let next = AtomicUsize::new(0);
@@ -51,6 +51,9 @@ pub fn verify(dir: &Path, threads: usize) -> Result<Verified> {
                         }
                         hash.update(&buf[..n]);
                         at += n as u64;
+                        if let Some(p) = progress {
+                            p(n as u64);
+                        }
                     }
                     if checksum_hex(hash.digest()) != c.xxh3 {
                         let mut b = bad.lock().unwrap();

@@ -115,7 +115,7 @@ fn round_trip_new_and_existing_regions() {
     for (b, d) in fresh.iter().zip(&data) {
         assert!(contents(&e, b) == *d);
     }
-    let v = verify(&ck, 2).unwrap();
+    let v = verify(&ck, 2, None).unwrap();
     assert_eq!(v.chunks, saved.manifest.chunks.len());
     assert_eq!(v.referenced_chunks, 0);
 
@@ -183,7 +183,7 @@ fn damage_is_found_and_named() {
     let chunk_start = at / CHUNK * CHUNK;
     flip(&data_file, at);
     for err in [
-        verify(&ck, 3).unwrap_err(),
+        verify(&ck, 3, None).unwrap_err(),
         restore(&e, &ck, None).err().unwrap(),
     ] {
         assert_eq!(err.kind(), ErrorKind::Integrity, "{err}");
@@ -195,11 +195,11 @@ fn damage_is_found_and_named() {
         );
     }
     flip(&data_file, big.offset + 100_123);
-    verify(&ck, 3).unwrap();
+    verify(&ck, 3, None).unwrap();
 
     flip(&data_file, 20);
     for err in [
-        verify(&ck, 3).unwrap_err(),
+        verify(&ck, 3, None).unwrap_err(),
         restore(&e, &ck, None).err().unwrap(),
     ] {
         assert_eq!(err.kind(), ErrorKind::Integrity, "{err}");
@@ -211,7 +211,7 @@ fn damage_is_found_and_named() {
     let len = std::fs::metadata(&manifest).unwrap().len();
     flip(&manifest, len / 2);
     for err in [
-        verify(&ck, 3).unwrap_err(),
+        verify(&ck, 3, None).unwrap_err(),
         restore(&e, &ck, None).err().unwrap(),
     ] {
         assert!(
@@ -273,7 +273,7 @@ fn incremental_saves_write_only_changed_chunks() {
             let j = regions.iter().position(|g| g.name == entry.name).unwrap();
             assert!(contents(&e, buf) == data[j], "{}", entry.name);
         }
-        assert!(verify(ck, 2).unwrap().referenced_chunks > 0);
+        assert!(verify(ck, 2, None).unwrap().referenced_chunks > 0);
     }
 
     let err = remove(&a).unwrap_err();
@@ -316,7 +316,7 @@ fn out_of_space_leaves_the_previous_checkpoint() {
     let err = save(&full, &moved, &dir.path("step-2"), &opts(), None).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::StorageFull, "{err}");
     assert_eq!(names(&dir), vec!["step-1"]);
-    verify(&a, 2).unwrap();
+    verify(&a, 2, None).unwrap();
 }
 
 /// A crashed save's temporary directory is recognised (its writer on this
@@ -386,7 +386,7 @@ fn incremental_after_resize_and_duplicate_names() {
             let k = regions.iter().position(|g| g.name == entry.name).unwrap();
             assert!(contents(&e, buf) == data[k], "{}", entry.name);
         }
-        verify(&child, 2).unwrap();
+        verify(&child, 2, None).unwrap();
         parent = child;
     }
 

@@ -90,7 +90,11 @@ pub fn run(cmd: CheckpointCommand) -> Result<()> {
             json,
         } => restore(&dir, &against, &engine, json),
         CheckpointCommand::Verify { dir, threads, json } => {
-            let v = ckpt::verify(&dir, threads)?;
+            let total = Manifest::read(&dir)?.bytes();
+            let bar = ProgressLine::new("verifying", total);
+            let progress = |n| bar.advance(n);
+            let v = ckpt::verify(&dir, threads, Some(&progress))?;
+            bar.finish();
             if json {
                 println!(
                     "{}",
