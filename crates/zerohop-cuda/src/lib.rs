@@ -18,7 +18,7 @@ pub use context::Context;
 pub use driver::{DeviceInfo, Driver};
 pub use error::{CudaError, CudaErrorKind};
 pub use memory::{DeviceAllocation, DevicePtr, HostRegistration, PinnedBuffer};
-pub use stream::{Event, Stream};
+pub use stream::{synchronize_foreign_stream, Event, Stream};
 
 /// Result of a CUDA driver call.
 pub type Result<T> = std::result::Result<T, CudaError>;

@@ -17,6 +17,21 @@ unsafe impl Send for Stream {}
 // SAFETY: as above.
 unsafe impl Sync for Stream {}
 
+/// Blocks until all work queued so far on a stream someone else owns (a
+/// framework's, e.g. PyTorch's current stream) has finished.
+///
+/// # Safety
+/// `raw` must be a live stream of `ctx` (or 0, the legacy default stream).
+pub unsafe fn synchronize_foreign_stream(ctx: &Arc<Context>, raw: u64) -> Result<()> {
+    ctx.bind()?;
+    // SAFETY: the caller vouches for the handle; synchronizing reads nothing
+    // else and changes nothing.
+    check(
+        unsafe { sys::cuStreamSynchronize(raw as sys::CUstream) },
+        "cuStreamSynchronize",
+    )
+}
+
 impl Stream {
     pub fn new(ctx: &Arc<Context>) -> Result<Self> {
         ctx.bind()?;

@@ -117,6 +117,15 @@ impl TransferPlan {
         Ok(())
     }
 
+    /// The framework streams whose queued work must finish before this
+    /// transfer touches its buffers (see `DeviceBuffer::borrowed_on_stream`).
+    pub fn streams(&self) -> std::collections::BTreeSet<u64> {
+        self.buffers
+            .values()
+            .filter_map(DeviceBuffer::stream)
+            .collect()
+    }
+
     /// Total bytes the transfer moves.
     pub fn bytes(&self) -> u64 {
         self.bytes

@@ -168,3 +168,23 @@ fn save_from_gpu_memory_round_trips() {
         }
     }
 }
+
+/// A buffer borrowed with a framework's stream (here the legacy default
+/// stream, 0): the load waits for that stream, then lands byte for byte.
+#[test]
+fn borrowed_buffer_on_a_stream_loads() {
+    let Some(dev) = gpu() else { return };
+    let dir = TestDir::new("gpu-stream");
+    let data = pattern((5 << 20) + 77, 60);
+    let path = write(&dir.path("f"), &data);
+    let e = engine(&dev, DirectIo::Auto, HotRoute::Staged);
+    let owned = dev.alloc(data.len()).unwrap();
+    // SAFETY: `owned` outlives `view`; stream 0 is the default stream of
+    // every context.
+    let view = unsafe { DeviceBuffer::borrowed_on_stream(owned.addr(), data.len(), dev.kind(), 0) };
+    let files = Engine::open_files(&[&path]).unwrap();
+    let mut plan = zerohop::plan::TransferPlan::new();
+    plan.add(&files, 0, 0, data.len() as u64, &view, 0).unwrap();
+    e.transfer(&files, &plan, None).unwrap();
+    assert!(read_all(dev.as_ref(), &owned) == data);
+}

@@ -269,3 +269,62 @@ fn bad_tensors_are_refused() {
     }
     assert!(!dir.path("x.safetensors").exists());
 }
+
+/// Buffers borrowed with the framework's stream: loads and saves wait for
+/// that stream's queued work first (once per stream per transfer), and the
+/// bytes land as for any buffer.
+#[test]
+fn borrowed_buffers_wait_for_their_stream() {
+    let dir = TestDir::new("write-stream");
+    let sim = Arc::new(SimDevice::new(SimConfig::default()));
+    let dev: Arc<dyn Device> = sim.clone();
+    let e = Engine::new(dev, EngineConfig::default()).unwrap();
+    let data = pattern(300_000, 21);
+    let owned = upload(&e, &data);
+    // SAFETY: `owned` outlives the borrowed views; the stream ids are
+    // opaque to the simulated device.
+    let (a, b) = unsafe {
+        (
+            zerohop::DeviceBuffer::borrowed_on_stream(
+                owned.addr(),
+                150_000,
+                zerohop::DeviceKind::Simulated,
+                7,
+            ),
+            zerohop::DeviceBuffer::borrowed_on_stream(
+                owned.addr() + 150_000,
+                150_000,
+                zerohop::DeviceKind::Simulated,
+                9,
+            ),
+        )
+    };
+    assert_eq!(a.slice(10, 10).unwrap().stream(), Some(7));
+    let files = vec![SinkFile::create_new(&dir.path("f"), 300_000).unwrap()];
+    let mut plan = TransferPlan::new();
+    plan.add(&files, 0, 0, 150_000, &a, 0).unwrap();
+    plan.add(&files, 0, 150_000, 150_000, &b, 0).unwrap();
+    e.write(&files, &plan, None, None).unwrap();
+    assert_eq!(sim.stream_waits(), vec![7, 9]);
+    assert!(std::fs::read(dir.path("f")).unwrap() == data);
+
+    // Load it back into a borrowed buffer on stream 7.
+    let target = e.device().alloc(300_000).unwrap();
+    // SAFETY: as above, `target` outlives `view`.
+    let view = unsafe {
+        zerohop::DeviceBuffer::borrowed_on_stream(
+            target.addr(),
+            300_000,
+            zerohop::DeviceKind::Simulated,
+            7,
+        )
+    };
+    let sources = vec![zerohop::storage::SourceFile::open(&dir.path("f")).unwrap()];
+    let mut plan = TransferPlan::new();
+    plan.add(&sources, 0, 0, 300_000, &view, 0).unwrap();
+    e.transfer(&sources, &plan, None).unwrap();
+    assert_eq!(sim.stream_waits(), vec![7, 9, 7]);
+    let mut got = vec![0u8; 300_000];
+    e.device().read_back(&target, 0, &mut got).unwrap();
+    assert!(got == data);
+}

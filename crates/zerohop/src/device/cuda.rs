@@ -81,6 +81,11 @@ impl Device for CudaDevice {
         Ok(Some(Box::new(Registered { _registration: reg })))
     }
 
+    unsafe fn wait_for_stream(&self, stream: u64) -> Result<()> {
+        // SAFETY: forwarded contract: a live stream of this device's context.
+        unsafe { zerohop_cuda::synchronize_foreign_stream(&self.ctx, stream) }.map_err(Error::from)
+    }
+
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         let src = src.slice(offset, dst.len())?;
         // Borrowed buffers have no `DeviceAllocation` to call; copy through a

@@ -37,13 +37,16 @@ impl fmt::Display for DeviceKind {
 }
 
 /// A range of device memory: owned (freed when the last clone drops) or
-/// borrowed from a framework by pointer and length.
+/// borrowed from a framework by pointer and length, optionally with the
+/// framework's stream that orders work on it.
 #[derive(Clone)]
 pub struct DeviceBuffer {
     addr: DeviceAddr,
     len: usize,
     device: DeviceKind,
     owner: Option<Arc<dyn Any + Send + Sync>>,
+    /// The owner's stream: transfers wait for work queued on it first.
+    stream: Option<u64>,
 }
 
 impl fmt::Debug for DeviceBuffer {
@@ -53,6 +56,7 @@ impl fmt::Debug for DeviceBuffer {
             .field("len", &self.len)
             .field("device", &self.device)
             .field("owned", &self.owner.is_some())
+            .field("stream", &self.stream)
             .finish()
     }
 }
@@ -69,6 +73,7 @@ impl DeviceBuffer {
             len,
             device,
             owner: Some(owner),
+            stream: None,
         }
     }
 
@@ -83,7 +88,39 @@ impl DeviceBuffer {
             len,
             device,
             owner: None,
+            stream: None,
         }
+    }
+
+    /// Wraps memory a framework owns whose use is ordered by one of its
+    /// streams (e.g. a tensor just allocated by PyTorch's caching allocator,
+    /// whose memory earlier kernels on that stream may still be using).
+    /// Every transfer touching it first waits for the work queued on
+    /// `stream`; when the transfer returns, its bytes are in place, so work
+    /// queued on `stream` afterwards sees them.
+    ///
+    /// # Safety
+    /// As [`DeviceBuffer::borrowed`], and `stream` must be a live stream of
+    /// `device` (0 for the legacy default stream) while the buffer is used.
+    pub unsafe fn borrowed_on_stream(
+        addr: DeviceAddr,
+        len: usize,
+        device: DeviceKind,
+        stream: u64,
+    ) -> Self {
+        DeviceBuffer {
+            addr,
+            len,
+            device,
+            owner: None,
+            stream: Some(stream),
+        }
+    }
+
+    /// The owner's stream, for buffers made with
+    /// [`DeviceBuffer::borrowed_on_stream`].
+    pub fn stream(&self) -> Option<u64> {
+        self.stream
     }
 
     pub fn addr(&self) -> DeviceAddr {
@@ -110,6 +147,7 @@ impl DeviceBuffer {
                 len,
                 device: self.device,
                 owner: self.owner.clone(),
+                stream: self.stream,
             }),
             _ => Err(crate::Error::invalid(format!(
                 "slice of {len} bytes at {offset} exceeds the {}-byte buffer",
@@ -184,6 +222,13 @@ pub trait Device: Send + Sync {
     /// The range must stay mapped until the returned pin is dropped, and the
     /// pin must outlive every copy that reads the range.
     unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>>;
+
+    /// Blocks until the work queued so far on a framework's stream (see
+    /// [`DeviceBuffer::borrowed_on_stream`]) has finished.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this device (0: the default stream).
+    unsafe fn wait_for_stream(&self, stream: u64) -> Result<()>;
 
     /// Copies device memory back to the host, synchronously (for `--verify`).
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()>;

@@ -59,6 +59,9 @@ pub struct SimDevice {
     config: SimConfig,
     registry: Arc<Mutex<Registry>>,
     copies: Arc<AtomicU64>,
+    /// Framework streams waited for, in order (the simulation has no
+    /// streams of its own to wait on; tests check the engine asked).
+    stream_waits: Mutex<Vec<u64>>,
 }
 
 impl SimDevice {
@@ -67,7 +70,13 @@ impl SimDevice {
             config,
             registry: Arc::default(),
             copies: Arc::default(),
+            stream_waits: Mutex::default(),
         }
+    }
+
+    /// The framework streams transfers waited for so far, in order.
+    pub fn stream_waits(&self) -> Vec<u64> {
+        self.stream_waits.lock().unwrap().clone()
     }
 
     fn alloc_region(&self, len: usize, kind: Region) -> Result<HostAlloc> {
@@ -205,6 +214,11 @@ impl Device for SimDevice {
             start,
             registry: self.registry.clone(),
         })))
+    }
+
+    unsafe fn wait_for_stream(&self, stream: u64) -> Result<()> {
+        self.stream_waits.lock().unwrap().push(stream);
+        Ok(())
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {

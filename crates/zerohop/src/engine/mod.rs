@@ -269,6 +269,7 @@ impl Engine {
         let started = Instant::now();
         let cpu_before = crate::stats::cpu_seconds();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        self.wait_for_streams(plan)?;
         let routes: Vec<FileRoute> = files
             .iter()
             .map(|f| match self.route_for(f) {
@@ -428,6 +429,18 @@ impl Engine {
             threads,
             notes,
         })
+    }
+
+    /// Waits for the work queued on the streams of the plan's borrowed
+    /// buffers, so no copy touches memory a framework's kernels still use.
+    fn wait_for_streams(&self, plan: &TransferPlan) -> Result<()> {
+        for s in plan.streams() {
+            // SAFETY: buffers carry a stream only through
+            // `DeviceBuffer::borrowed_on_stream`, whose caller vouches that
+            // it is a live stream of the buffer's device.
+            unsafe { self.device.wait_for_stream(s)? };
+        }
+        Ok(())
     }
 
     /// The route for a file: `Hot` for files in the page cache (per
