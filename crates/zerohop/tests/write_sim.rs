@@ -328,3 +328,57 @@ fn borrowed_buffers_wait_for_their_stream() {
     e.device().read_back(&target, 0, &mut got).unwrap();
     assert!(got == data);
 }
+
+/// A copy that cannot be queued half-way through a window fails the save;
+/// the copies queued before it (with no fence behind them) have still all
+/// finished when the save returns, so the next save on the same engine,
+/// reusing the same slots, writes exactly its own bytes.
+#[test]
+fn failed_enqueue_leaves_no_late_copies_behind() {
+    let dir = TestDir::new("write-enqueue");
+    let data = pattern(100_000, 31);
+    // Fail at several points, so some land in the middle of a window.
+    for fail_at in [1, 3, 6, 10, 14, 21] {
+        let sim = Arc::new(SimDevice::new(SimConfig {
+            max_copy_delay: Duration::from_millis(3),
+            fail_enqueue: Some(fail_at),
+            ..Default::default()
+        }));
+        let e = Engine::new(
+            sim.clone(),
+            EngineConfig {
+                staging: StagingConfig {
+                    total_bytes: 4 * 4096,
+                    slot_bytes: 4096,
+                },
+                io_threads: 2,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        let b = upload(&e, &data);
+        let save = |name: &str| {
+            let files = vec![SinkFile::create_new(&dir.path(name), 100_000).unwrap()];
+            let mut plan = TransferPlan::new();
+            let mut want = vec![0u8; 100_000];
+            // 1000-byte pieces from scattered sources: several copies a window.
+            for k in 0..100u64 {
+                let from = (k * 37 % 100) * 1000;
+                plan.add(&files, 0, k * 1000, 1000, &b, from).unwrap();
+                want[(k * 1000) as usize..][..1000].copy_from_slice(&data[from as usize..][..1000]);
+            }
+            (e.write(&files, &plan, None, None), want)
+        };
+        let (first, _) = save(&format!("a{fail_at}"));
+        assert_eq!(first.unwrap_err().kind(), ErrorKind::Device);
+        // Every copy queued before the failure had finished when it returned.
+        let (accepted, done) = sim.copy_counts();
+        assert_eq!(
+            accepted, done,
+            "copies still pending after a failure at {fail_at}"
+        );
+        let (second, want) = save(&format!("b{fail_at}"));
+        second.unwrap();
+        assert!(std::fs::read(dir.path(&format!("b{fail_at}"))).unwrap() == want);
+    }
+}

@@ -23,6 +23,10 @@ pub struct SimConfig {
     /// The copy with this sequence number (counted from 0 across all queues)
     /// fails, as a broken copy engine would.
     pub fail_copy: Option<u64>,
+    /// Queueing the copy with this sequence number (counted from 0 across
+    /// all queues) fails at once, as queueing onto a broken stream would;
+    /// copies queued before it still run, late.
+    pub fail_enqueue: Option<u64>,
     /// Allocations beyond this many bytes in total fail with out-of-memory.
     pub memory_limit: Option<u64>,
     /// Refuse to pin host memory, as a driver may for some mappings.
@@ -58,7 +62,14 @@ impl Registry {
 pub struct SimDevice {
     config: SimConfig,
     registry: Arc<Mutex<Registry>>,
+    /// Copies the workers have taken up; numbers them for `fail_copy`.
     copies: Arc<AtomicU64>,
+    /// Copies the workers have finished (run, or skipped after a failure).
+    done: Arc<AtomicU64>,
+    /// Copy requests, including one refused by `fail_enqueue`.
+    enqueued: Arc<AtomicU64>,
+    /// Copies accepted into a queue.
+    accepted: Arc<AtomicU64>,
     /// Framework streams waited for, in order (the simulation has no
     /// streams of its own to wait on; tests check the engine asked).
     stream_waits: Mutex<Vec<u64>>,
@@ -70,8 +81,20 @@ impl SimDevice {
             config,
             registry: Arc::default(),
             copies: Arc::default(),
+            done: Arc::default(),
+            enqueued: Arc::default(),
+            accepted: Arc::default(),
             stream_waits: Mutex::default(),
         }
+    }
+
+    /// Copies accepted into queues so far, and copies the copy workers have
+    /// finished so far: equal whenever no copy is still pending.
+    pub fn copy_counts(&self) -> (u64, u64) {
+        (
+            self.accepted.load(Ordering::SeqCst),
+            self.done.load(Ordering::SeqCst),
+        )
     }
 
     /// The framework streams transfers waited for so far, in order.
@@ -191,13 +214,19 @@ impl Device for SimDevice {
         let registry = self.registry.clone();
         let config = self.config.clone();
         let copies = self.copies.clone();
+        let done = self.done.clone();
         std::thread::Builder::new()
             .name("zerohop-sim-copy".into())
-            .spawn(move || copy_worker(rx, registry, config, copies))
+            .spawn(move || copy_worker(rx, registry, config, copies, done))
             .map_err(|e| {
                 Error::with_source(ErrorKind::Device, "starting simulated copy worker", e)
             })?;
-        Ok(Box::new(SimQueue { tx }))
+        Ok(Box::new(SimQueue {
+            tx,
+            enqueued: self.enqueued.clone(),
+            accepted: self.accepted.clone(),
+            fail_enqueue: self.config.fail_enqueue,
+        }))
     }
 
     unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>> {
@@ -278,29 +307,39 @@ struct FenceState {
 
 struct SimQueue {
     tx: mpsc::Sender<Op>,
+    enqueued: Arc<AtomicU64>,
+    accepted: Arc<AtomicU64>,
+    fail_enqueue: Option<u64>,
+}
+
+impl SimQueue {
+    fn send_copy(&self, src: u64, dst: u64, len: usize, dir: Direction) -> Result<()> {
+        let seq = self.enqueued.fetch_add(1, Ordering::Relaxed);
+        if self.fail_enqueue == Some(seq) {
+            return Err(Error::new(
+                ErrorKind::Device,
+                format!("injected failure queueing copy {seq}"),
+            ));
+        }
+        self.accepted.fetch_add(1, Ordering::SeqCst);
+        self.tx
+            .send(Op::Copy {
+                src,
+                dst,
+                len: len as u64,
+                dir,
+            })
+            .map_err(|_| Error::new(ErrorKind::Device, "simulated copy worker stopped"))
+    }
 }
 
 impl CopyQueue for SimQueue {
     unsafe fn copy_to_device(&self, src: *const u8, dst: DeviceAddr, len: usize) -> Result<()> {
-        self.tx
-            .send(Op::Copy {
-                src: src as u64,
-                dst,
-                len: len as u64,
-                dir: Direction::ToDevice,
-            })
-            .map_err(|_| Error::new(ErrorKind::Device, "simulated copy worker stopped"))
+        self.send_copy(src as u64, dst, len, Direction::ToDevice)
     }
 
     unsafe fn copy_to_host(&self, src: DeviceAddr, dst: *mut u8, len: usize) -> Result<()> {
-        self.tx
-            .send(Op::Copy {
-                src,
-                dst: dst as u64,
-                len: len as u64,
-                dir: Direction::ToHost,
-            })
-            .map_err(|_| Error::new(ErrorKind::Device, "simulated copy worker stopped"))
+        self.send_copy(src, dst as u64, len, Direction::ToHost)
     }
 
     fn record(&self) -> Result<Box<dyn Fence>> {
@@ -342,6 +381,7 @@ fn copy_worker(
     registry: Arc<Mutex<Registry>>,
     config: SimConfig,
     copies: Arc<AtomicU64>,
+    done: Arc<AtomicU64>,
 ) {
     // The first failure sticks to the queue, as a CUDA stream error does.
     let mut failure: Option<String> = None;
@@ -350,45 +390,48 @@ fn copy_worker(
         match op {
             Op::Copy { src, dst, len, dir } => {
                 let seq = copies.fetch_add(1, Ordering::Relaxed);
-                if failure.is_some() {
-                    continue;
-                }
-                if !config.max_copy_delay.is_zero() {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    let nanos = rng % (config.max_copy_delay.as_nanos() as u64 + 1);
-                    std::thread::sleep(Duration::from_nanos(nanos));
-                }
-                if config.fail_copy == Some(seq) {
-                    failure = Some(format!("injected copy failure at copy {seq}"));
-                    continue;
-                }
-                let reg = registry.lock().unwrap();
-                let (device_side, host_side, host_kinds) = match dir {
-                    Direction::ToDevice => (dst, src, &[Region::Staging, Region::Pinned][..]),
-                    Direction::ToHost => (src, dst, &[Region::Staging][..]),
-                };
-                if !reg.contains(device_side, len, &[Region::Device]) {
-                    failure = Some(format!(
-                        "copy of {len} bytes at {device_side:#x} is outside live device memory"
-                    ));
-                } else if !reg.contains(host_side, len, host_kinds) {
-                    failure = Some(format!(
-                        "copy of {len} bytes at {host_side:#x} is outside staging or pinned memory"
-                    ));
-                } else {
-                    // SAFETY: both ranges lie in live registered allocations
-                    // (checked under the lock that every free takes), and a
-                    // device range is never also a staging range.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            src as *const u8,
-                            dst as *mut u8,
-                            len as usize,
-                        )
+                'copy: {
+                    if failure.is_some() {
+                        break 'copy;
+                    }
+                    if !config.max_copy_delay.is_zero() {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let nanos = rng % (config.max_copy_delay.as_nanos() as u64 + 1);
+                        std::thread::sleep(Duration::from_nanos(nanos));
+                    }
+                    if config.fail_copy == Some(seq) {
+                        failure = Some(format!("injected copy failure at copy {seq}"));
+                        break 'copy;
+                    }
+                    let reg = registry.lock().unwrap();
+                    let (device_side, host_side, host_kinds) = match dir {
+                        Direction::ToDevice => (dst, src, &[Region::Staging, Region::Pinned][..]),
+                        Direction::ToHost => (src, dst, &[Region::Staging][..]),
                     };
+                    if !reg.contains(device_side, len, &[Region::Device]) {
+                        failure = Some(format!(
+                            "copy of {len} bytes at {device_side:#x} is outside live device memory"
+                        ));
+                    } else if !reg.contains(host_side, len, host_kinds) {
+                        failure = Some(format!(
+                            "copy of {len} bytes at {host_side:#x} is outside staging or pinned memory"
+                        ));
+                    } else {
+                        // SAFETY: both ranges lie in live registered allocations
+                        // (checked under the lock that every free takes), and a
+                        // device range is never also a staging range.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                src as *const u8,
+                                dst as *mut u8,
+                                len as usize,
+                            )
+                        };
+                    }
                 }
+                done.fetch_add(1, Ordering::SeqCst);
             }
             Op::Signal(state) => {
                 *state.outcome.lock().unwrap() = Some(failure.clone());
