@@ -6,7 +6,7 @@ use crate::common::{gib, EngineArgs, HotArg};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 use zerohop::probe::{drop_from_page_cache, CacheDrop};
 use zerohop::safetensors::{self, Allocation};
@@ -139,7 +139,7 @@ fn bench_load(a: &BenchLoadArgs) -> Result<()> {
     for &(backend, io) in modes {
         for t in [threads, 2 * threads, 4 * threads] {
             prepare()?;
-            match raw_read(&a.file, backend, io, t) {
+            match raw_read(&[&a.file], backend, io, t) {
                 Ok((name, gbps)) => {
                     say(format!("limit    raw read into host memory ({name}, {io:?}, {t} threads): {gbps:.2} GB/s"));
                     raw_reads.push(Limit {
@@ -161,7 +161,7 @@ fn bench_load(a: &BenchLoadArgs) -> Result<()> {
         prepare()?;
         let (read, copy) = std::thread::scope(|s| {
             let copier = s.spawn(|| h2d_probe.run(2 * H2dProbe::ROUNDS));
-            let read = raw_read(&a.file, BackendKind::Auto, IoMode::Buffered, threads);
+            let read = raw_read(&[&a.file], BackendKind::Auto, IoMode::Buffered, threads);
             (read, copier.join().expect("H2D copier does not panic"))
         });
         let (read, copy) = (read?.1, copy?);
@@ -251,7 +251,7 @@ fn load_once(engine: &Engine, file: &Path) -> Result<TransferStats> {
 
 /// Reads the whole file once so it sits in the page cache.
 fn warm(path: &Path) -> Result<()> {
-    raw_read(path, BackendKind::Pread, IoMode::Buffered, 4).map(|_| ())
+    raw_read(&[path], BackendKind::Pread, IoMode::Buffered, 4).map(|_| ())
 }
 
 /// Pinned host->device copies: 4 queues each copying a 64 MiB pinned buffer
@@ -306,21 +306,30 @@ impl H2dProbe {
     }
 }
 
-/// Reads the whole file into host memory (not the GPU) with `threads`
-/// readers of 8 MiB chunks: the storage side's limit.
-fn raw_read(
-    path: &Path,
+/// Reads whole files into host memory (not the GPU) with `threads` readers
+/// taking 8 MiB pieces of any of them: the storage side's limit.
+pub(crate) fn raw_read(
+    paths: &[&Path],
     backend: BackendKind,
     mode: IoMode,
     threads: usize,
 ) -> Result<(&'static str, f64)> {
     const CHUNK: u64 = 8 << 20;
-    let backend = storage::backend(backend).map_err(|e| Error::io(path, "no backend for", e))?;
-    let file = SourceFile::open(path)?;
-    if mode == IoMode::Direct && !file.direct_capable() {
+    let files: Vec<SourceFile> = paths
+        .iter()
+        .map(|p| SourceFile::open(p))
+        .collect::<Result<_>>()?;
+    if mode == IoMode::Direct && !files.iter().all(|f| f.direct_capable()) {
         return Err(Error::invalid("this file system refuses O_DIRECT"));
     }
-    let next = AtomicU64::new(0);
+    let backend =
+        storage::backend(backend).map_err(|e| Error::io(paths[0], "no backend for", e))?;
+    let pieces: Vec<(usize, u64)> = files
+        .iter()
+        .enumerate()
+        .flat_map(|(i, f)| (0..f.len().div_ceil(CHUNK)).map(move |k| (i, k * CHUNK)))
+        .collect();
+    let next = AtomicUsize::new(0);
     let t = Instant::now();
     std::thread::scope(|s| -> Result<()> {
         let handles: Vec<_> = (0..threads.max(1))
@@ -328,17 +337,14 @@ fn raw_read(
                 s.spawn(|| -> Result<()> {
                     let mut reader = backend
                         .reader()
-                        .map_err(|e| Error::io(path, "cannot start reader for", e))?;
+                        .map_err(|e| Error::io(paths[0], "cannot start reader for", e))?;
                     let mut buf = AlignedBuf::new(CHUNK as usize);
-                    loop {
-                        let off = next.fetch_add(CHUNK, Ordering::Relaxed);
-                        if off >= file.len() {
-                            return Ok(());
-                        }
+                    while let Some(&(i, at)) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) {
                         reader
-                            .read_at(&file, mode, off, buf.as_mut_slice())
-                            .map_err(|e| Error::io(path, "read failed in", e))?;
+                            .read_at(&files[i], mode, at, buf.as_mut_slice())
+                            .map_err(|e| Error::io(paths[i], "read failed in", e))?;
                     }
+                    Ok(())
                 })
             })
             .collect();
@@ -347,9 +353,10 @@ fn raw_read(
                 .unwrap_or_else(|_| Err(Error::invalid("reader panicked")))
         })
     })?;
+    let bytes: u64 = files.iter().map(|f| f.len()).sum();
     Ok((
         backend.name(),
-        file.len() as f64 / t.elapsed().as_secs_f64() / 1e9,
+        bytes as f64 / t.elapsed().as_secs_f64() / 1e9,
     ))
 }
 

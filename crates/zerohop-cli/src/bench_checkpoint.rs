@@ -9,10 +9,9 @@ use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 use zerohop::probe::drop_from_page_cache;
-use zerohop::storage::{self, BackendKind, IoMode, SourceFile};
+use zerohop::storage::{BackendKind, IoMode, SourceFile};
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
 use zerohop_checkpoint::{self as ckpt, Region, SaveOptions};
 
@@ -352,56 +351,22 @@ fn raw_write_files(dir: &Path, total: u64, threads: usize) -> Result<RawFiles> {
 }
 
 /// Reads the raw files back after dropping them from the page cache, with
-/// `threads` io_uring readers (O_DIRECT where allowed) taking 8 MiB pieces
+/// `threads` readers (io_uring, O_DIRECT where allowed) taking 8 MiB pieces
 /// of any file: the storage side's read limit, read the way restores read.
 fn raw_read_files(paths: &[PathBuf], threads: usize) -> Result<(String, f64)> {
-    const CHUNK: u64 = 8 << 20;
     for p in paths {
         drop_from_page_cache(p).map_err(|e| Error::io(p, "cannot drop the cache of", e))?;
     }
-    let files: Vec<SourceFile> = paths
+    let direct = paths
         .iter()
-        .map(|p| SourceFile::open(p))
-        .collect::<Result<_>>()?;
-    let pieces: Vec<(usize, u64)> = files
-        .iter()
-        .enumerate()
-        .flat_map(|(i, f)| (0..f.len().div_ceil(CHUNK)).map(move |k| (i, k * CHUNK)))
-        .collect();
-    let mode = if files.iter().all(|f| f.direct_capable()) {
+        .map(|p| SourceFile::open(p).map(|f| f.direct_capable()))
+        .collect::<Result<Vec<_>>>()?;
+    let mode = if direct.iter().all(|&d| d) {
         IoMode::Direct
     } else {
         IoMode::Buffered
     };
-    let backend = storage::backend(BackendKind::Auto)
-        .map_err(|e| Error::io(&paths[0], "no read backend for", e))?;
-    let next = AtomicUsize::new(0);
-    let t = Instant::now();
-    std::thread::scope(|s| -> Result<()> {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| -> Result<()> {
-                    let mut reader = backend
-                        .reader()
-                        .map_err(|e| Error::io(&paths[0], "cannot start a reader for", e))?;
-                    let mut buf = AlignedBuf::new(CHUNK as usize);
-                    while let Some(&(i, at)) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        reader
-                            .read_at(&files[i], mode, at, buf.as_mut_slice())
-                            .map_err(|e| Error::io(&paths[i], "raw read failed in", e))?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(Error::invalid("reader panicked")))
-        })
-    })?;
-    let bytes: u64 = files.iter().map(|f| f.len()).sum();
-    Ok((
-        format!("{} {mode:?}", backend.name()),
-        bytes as f64 / t.elapsed().as_secs_f64() / 1e9,
-    ))
+    let paths: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    let (name, gbps) = crate::bench::raw_read(&paths, BackendKind::Auto, mode, threads)?;
+    Ok((format!("{name} {mode:?}"), gbps))
 }
