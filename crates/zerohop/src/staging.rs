@@ -75,7 +75,11 @@ impl StagingPool {
         self.slots.iter().map(|s| s.len() as u64).sum()
     }
 
-    pub(crate) fn slots_mut(&mut self) -> &mut [Box<dyn StagingMemory>] {
-        &mut self.slots
+    /// Splits the slots among at most `workers` workers (at least one),
+    /// each getting at least two so it can read one while another copies.
+    pub(crate) fn worker_shares(&mut self, workers: usize) -> Vec<&mut [Box<dyn StagingMemory>]> {
+        let n = workers.min(self.slots.len() / 2).max(1);
+        let per_worker = self.slots.len() / n;
+        self.slots.chunks_mut(per_worker).take(n).collect()
     }
 }

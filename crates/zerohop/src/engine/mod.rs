@@ -387,16 +387,10 @@ impl Engine {
         let (maps, mut notes) = self.map_dma_files(files, extents, &mut routes);
         let items = self.work_items(extents, &routes, pool.config().slot_bytes as u64);
         let windows = items.len();
-        let slots = pool.slots_mut();
-        let threads = self
-            .config
-            .io_threads
-            .min(slots.len() / 2)
-            .max(1)
-            .min(windows.max(1));
-        let per_worker = slots.len() / threads;
+        let shares = pool.worker_shares(self.config.io_threads.min(windows));
+        let threads = shares.len();
         let mut workers = Vec::with_capacity(threads);
-        for share in slots.chunks_mut(per_worker).take(threads) {
+        for share in shares {
             workers.push(Worker {
                 slots: share,
                 queue: self.device.new_queue()?,

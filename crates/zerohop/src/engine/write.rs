@@ -33,16 +33,10 @@ impl Engine {
         self.wait_for_streams(plan)?;
         let slot_bytes = pool.config().slot_bytes as u64;
         let windows = interleave(windows(plan.extents(), slot_bytes, DIRECT_ALIGN));
-        let slots = pool.slots_mut();
-        let threads = self
-            .config
-            .io_threads
-            .min(slots.len() / 2)
-            .min(windows.len())
-            .max(1);
-        let per_worker = slots.len() / threads;
+        let shares = pool.worker_shares(self.config.io_threads.min(windows.len()));
+        let threads = shares.len();
         let mut workers = Vec::with_capacity(threads);
-        for share in slots.chunks_mut(per_worker).take(threads) {
+        for share in shares {
             workers.push(WriteWorker {
                 slots: share,
                 queue: self.device.new_queue()?,
