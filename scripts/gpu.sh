@@ -5,7 +5,7 @@
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
-# Steps: info, tests, hot, cold, sweep, peers, checkpoint. The device tool call is:
+# Steps: info, tests, hot, cold, sweep, peers, checkpoint, save. The device tool call is:
 #   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
 # (add ".whl" to carry and "peers" to the steps for the peer loaders; fetch
 # their wheels first with bench/fetch-peer-wheels.sh).
@@ -83,6 +83,13 @@ device() {
                 PYTHONUNBUFFERED=1 python3 bench/checkpoint_peers.py --size-gib "${ZEROHOP_CKPT_GIB:-16}" --dir "$target" \
                     --zerohop .stage/bin/zerohop --json-out "$OUT/checkpoint-$name.json" | tee "$OUT/checkpoint-$name.txt"
                 rm -rf "$target"
+            done
+            ;;
+        save)
+            # zerohop alone: 16 GiB saved and restored, tmpfs twice, disk once,
+            # each against the raw write/read rates measured in the same run.
+            for target in /dev/shm /dev/shm /var/tmp; do
+                zerohop bench checkpoint --size "${ZEROHOP_CKPT_GIB:-16}GiB" --dir "$target" | tee -a "$OUT/bench-checkpoint.txt"
             done
             ;;
         peers)

@@ -89,7 +89,7 @@ struct Envelope<'a> {
 
 /// The checksum of chunk bytes, as stored.
 pub fn chunk_checksum(bytes: &[u8]) -> String {
-    checksum_hex(xxhash_rust::xxh3::xxh3_64(bytes))
+    checksum_hex(twox_hash::XxHash3_64::oneshot(bytes))
 }
 
 /// How a checksum is written in the manifest.

@@ -5,7 +5,8 @@ use crate::restore::Sources;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use xxhash_rust::xxh3::Xxh3;
+use std::hash::Hasher;
+use twox_hash::XxHash3_64;
 use zerohop::storage::{atomic, sync_dir};
 use zerohop::{Error, ErrorKind, Progress, Result};
 
@@ -41,7 +42,7 @@ pub fn verify(dir: &Path, threads: usize, progress: Option<Progress<'_>>) -> Res
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(c) = m.chunks.get(i) else { break };
                     let file = &sources.files[sources.index(c.file, c.stored_in.as_deref())];
-                    let mut hash = Xxh3::new();
+                    let mut hash = XxHash3_64::new();
                     let mut at = 0;
                     while at < c.len {
                         let n = PIECE.min((c.len - at) as usize);
@@ -49,13 +50,13 @@ pub fn verify(dir: &Path, threads: usize, progress: Option<Progress<'_>>) -> Res
                             failed.lock().unwrap().get_or_insert(e);
                             return;
                         }
-                        hash.update(&buf[..n]);
+                        hash.write(&buf[..n]);
                         at += n as u64;
                         if let Some(p) = progress {
                             p(n as u64);
                         }
                     }
-                    if checksum_hex(hash.digest()) != c.xxh3 {
+                    if checksum_hex(hash.finish()) != c.xxh3 {
                         let mut b = bad.lock().unwrap();
                         *b = Some(b.map_or(i, |j| j.min(i)));
                     }
