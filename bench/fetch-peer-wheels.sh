@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download the wheels that bench/peers.py needs on the GPU machine, which has
+# Download the wheels that bench/peers.py (and pytest) need on the GPU machine, which has
 # no network.  Run this on a machine that reaches the package registry; the
 # wheels land in .whl/ at the repository root (git-ignored) and travel with the
 # working tree.  On the GPU machine install them with:
@@ -34,6 +34,10 @@ pins=(
   kvikio-cu13==26.10.0          # peer: kvikio.CuFile (CUDA 13 build)
   libkvikio-cu13==26.10.0       #   libkvikio.so for kvikio-cu13
   rapids-logger==0.3.0          #   librapids_logger.so for libkvikio-cu13
+  pytest==8.4.2                 # runs python/tests (zerohop's own GPU tests)
+  pluggy==1.6.0                 #   for pytest
+  iniconfig==2.1.0              #   for pytest
+  pygments==2.19.2              #   for pytest
 )
 
 platforms=()

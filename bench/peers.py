@@ -17,6 +17,8 @@ Peers (the API each one is driven through is in its class below):
   zerohop          `ZEROHOP load FILE --device cuda:0 --json`, one process per
                    run; its self-reported transfer time and the wall time of
                    the whole process are both reported
+  zerohop-py       zerohop.load_file(FILE, device="cuda:0"), the Python
+                   package (its target: >= 95 % of the zerohop binary)
 
 Modes:
   hot   the file is read once first, so it sits in the page cache (or tmpfs)
@@ -56,7 +58,7 @@ import tempfile
 import time
 from importlib import metadata
 
-PEERS = ("safetensors", "fastsafetensors", "instanttensor", "runai", "kvikio", "zerohop")
+PEERS = ("safetensors", "fastsafetensors", "instanttensor", "runai", "kvikio", "zerohop", "zerohop-py")
 MODES = ("hot", "cold")
 DEVICE = "cuda:0"
 READ_CHUNK = 64 << 20  # bytes per read() when warming the page cache
@@ -408,6 +410,20 @@ class ZerohopPeer(Peer):
         }
 
 
+class ZerohopPythonPeer(Peer):
+    """The zerohop Python package, a drop-in for safetensors.torch.load_file."""
+
+    dists = ("zerohop",)
+
+    def import_library(self):
+        import zerohop
+
+        self.zerohop = zerohop
+
+    def load(self, path):
+        return self.zerohop.load_file(path, device=DEVICE)
+
+
 PEER_CLASSES = {
     "safetensors": SafetensorsPeer,
     "fastsafetensors": FastsafetensorsPeer,
@@ -415,6 +431,7 @@ PEER_CLASSES = {
     "runai": RunaiPeer,
     "kvikio": KvikioPeer,
     "zerohop": ZerohopPeer,
+    "zerohop-py": ZerohopPythonPeer,
 }
 
 

@@ -5,7 +5,7 @@
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
-# Steps: info, tests, hot, cold, sweep, peers, checkpoint, save. The device tool call is:
+# Steps: info, tests, python, hot, cold, sweep, peers, checkpoint, save. The device tool call is:
 #   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
 # (add ".whl" to carry and "peers" to the steps for the peer loaders; fetch
 # their wheels first with bench/fetch-peer-wheels.sh).
@@ -27,6 +27,9 @@ for line in sys.stdin:
         shutil.copy(exe, ".stage/tests/" + m["target"]["name"])
 '
     strip .stage/bin/* .stage/tests/*
+    # The Python package as an abi3 wheel (the GPU machine runs 3.12).
+    python3 -m maturin --version > /dev/null 2>&1 || python3 -m pip install -q maturin
+    CARGO_PROFILE_RELEASE_DEBUG=0 python3 -m maturin build --release --strip --out .stage/wheel
     git rev-parse --short HEAD > .stage/commit
     du -sh .stage; ls .stage/tests
 }
@@ -39,6 +42,12 @@ device() {
     SIZE=${ZEROHOP_BENCH_SIZE:-8GiB}
     ensure_hot() { [ -f $HOT ] || zerohop gen --size "$SIZE" $HOT; }
     ensure_disk() { [ -f $DISK ] || { ensure_hot; cp $HOT $DISK; sync; }; }
+    # The peers' wheels (.whl, see bench/fetch-peer-wheels.sh) and zerohop's.
+    install_wheels() {
+        [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --target /tmp/site .whl/*.whl .stage/wheel/*.whl
+        export PYTHONPATH=/tmp/site
+    }
     for step in "$@"; do
         echo "=== $step ($(date -u +%FT%TZ), commit $(cat .stage/commit))"
         case "$step" in
@@ -76,8 +85,7 @@ device() {
         checkpoint)
             # Save/restore 16 GiB of device memory to disk and to tmpfs:
             # zerohop (with raw write/read limits) and its peers, same run.
-            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-            export PYTHONPATH=/tmp/site
+            install_wheels
             for pair in disk:/var/tmp/zerohop-ckpt tmpfs:/dev/shm/zerohop-ckpt; do
                 name=${pair%%:*} target=${pair#*:}
                 PYTHONUNBUFFERED=1 python3 bench/checkpoint_peers.py --size-gib "${ZEROHOP_CKPT_GIB:-16}" --dir "$target" \
@@ -92,12 +100,18 @@ device() {
                 zerohop bench checkpoint --size "${ZEROHOP_CKPT_GIB:-16}GiB" --dir "$target" | tee -a "$OUT/bench-checkpoint.txt"
             done
             ;;
+        python)
+            # The Python package's tests, torch and GPU ones included.
+            install_wheels
+            python3 -m pytest -q -rs -p no:cacheprovider python/tests 2>&1 | tee "$OUT/python-tests.txt"
+            ;;
         peers)
             ensure_hot; ensure_disk
-            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-            export PYTHONPATH=/tmp/site
-            PYTHONUNBUFFERED=1 python3 bench/peers.py $HOT --modes hot --zerohop .stage/bin/zerohop --json-out "$OUT/peers-tmpfs.json" | tee "$OUT/peers-tmpfs.txt"
-            [ -n "${ZEROHOP_PEERS_HOT_ONLY:-}" ] || PYTHONUNBUFFERED=1 python3 bench/peers.py $DISK --modes cold --repeat 2 --zerohop .stage/bin/zerohop --json-out "$OUT/peers-disk.json" | tee "$OUT/peers-disk.txt"
+            install_wheels
+            # ZEROHOP_PEERS: a comma-separated subset of the peers (default: all).
+            only=(); [ -z "${ZEROHOP_PEERS:-}" ] || only=(--peers "$ZEROHOP_PEERS")
+            PYTHONUNBUFFERED=1 python3 bench/peers.py $HOT --modes hot "${only[@]}" --zerohop .stage/bin/zerohop --json-out "$OUT/peers-tmpfs.json" | tee "$OUT/peers-tmpfs.txt"
+            [ -n "${ZEROHOP_PEERS_HOT_ONLY:-}" ] || PYTHONUNBUFFERED=1 python3 bench/peers.py $DISK --modes cold --repeat 2 "${only[@]}" --zerohop .stage/bin/zerohop --json-out "$OUT/peers-disk.json" | tee "$OUT/peers-disk.txt"
             ;;
         *) echo "unknown step $step"; exit 2 ;;
         esac

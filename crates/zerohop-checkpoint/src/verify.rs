@@ -2,10 +2,10 @@
 
 use crate::manifest::{checksum_hex, Manifest};
 use crate::restore::Sources;
+use std::hash::Hasher;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::hash::Hasher;
 use twox_hash::XxHash3_64;
 use zerohop::storage::{atomic, sync_dir};
 use zerohop::{Error, ErrorKind, Progress, Result};

@@ -2,10 +2,10 @@
 
 use crate::common::{gib, EngineArgs};
 use crate::load::{verify as compare, Placed};
-use crate::progress::ProgressLine;
 use clap::Subcommand;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+use zerohop::progress_line::ProgressLine;
 use zerohop::safetensors::{self, Allocation};
 use zerohop::storage::SourceFile;
 use zerohop::{Error, ErrorKind, Result, TransferStats};

@@ -1,64 +1,12 @@
 //! `zerohop info`: what this machine supports and why.
 
 use crate::common::gib;
-use serde::Serialize;
 use std::path::Path;
-use zerohop::device::{cuda_driver_summary, CudaDevice};
-use zerohop::probe::{self, GdsSupport};
-use zerohop::staging::StagingConfig;
-use zerohop::{Device, EngineConfig, Result};
-
-#[derive(Serialize)]
-struct Info {
-    driver: std::result::Result<String, String>,
-    gpus: Vec<Gpu>,
-    gds: GdsSupport,
-    io_uring: std::result::Result<(), String>,
-    o_direct: Option<PathCheck>,
-    staging: StagingConfig,
-    io_threads: usize,
-    cpus: usize,
-}
-
-#[derive(Serialize)]
-struct Gpu {
-    description: String,
-}
-
-#[derive(Serialize)]
-struct PathCheck {
-    path: String,
-    result: std::result::Result<(), String>,
-}
+use zerohop::machine::MachineInfo;
+use zerohop::Result;
 
 pub fn run(path: Option<&Path>, json: bool) -> Result<()> {
-    let (driver, gpus) = match cuda_driver_summary() {
-        Ok((version, count)) => {
-            let gpus = (0..count)
-                .map(|i| Gpu {
-                    description: CudaDevice::open(i)
-                        .map(|d| d.describe())
-                        .unwrap_or_else(|e| format!("cuda:{i}: {e}")),
-                })
-                .collect();
-            (Ok(version), gpus)
-        }
-        Err(e) => (Err(e.to_string()), Vec::new()),
-    };
-    let config = EngineConfig::default();
-    let info = Info {
-        driver,
-        gpus,
-        gds: probe::gds_support(),
-        io_uring: probe::io_uring_available(),
-        o_direct: path.map(|p| PathCheck {
-            path: p.display().to_string(),
-            result: probe::o_direct_supported(p),
-        }),
-        staging: config.staging,
-        io_threads: config.io_threads,
-        cpus: probe::cpus(),
-    };
+    let info = MachineInfo::gather(path);
     if json {
         println!(
             "{}",

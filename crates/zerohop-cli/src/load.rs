@@ -1,11 +1,11 @@
 //! `zerohop load`, `gen` and `demo`.
 
 use crate::common::{gib, EngineArgs};
-use crate::progress::ProgressLine;
 use clap::Args;
 use serde::Serialize;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use zerohop::progress_line::ProgressLine;
 use zerohop::safetensors::{self, Allocation};
 use zerohop::{DeviceBuffer, Engine, Error, Result, TransferStats};
 

@@ -7,7 +7,6 @@ mod checkpoint;
 mod common;
 mod info;
 mod load;
-mod progress;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -10,38 +10,57 @@ use std::time::Instant;
 
 const CHUNK: usize = 8 << 20;
 
-/// Reads `dst.len()` bytes of `file` from `offset` into `dst` with
-/// `threads` readers. `direct` asks for O_DIRECT where alignment allows.
+/// One piece of a host read: `dst.len()` bytes of `file` from `offset`.
+pub(crate) struct HostRead<'a> {
+    pub file: &'a SourceFile,
+    pub offset: u64,
+    pub dst: &'a mut [u8],
+    /// Ask for O_DIRECT where alignment allows (files not in the cache).
+    pub direct: bool,
+}
+
+/// Reads every piece with `threads` readers sharing the pieces' 8 MiB
+/// chunks. All ranges are checked against their files before any read.
 pub(crate) fn read_to_host(
     backend: &dyn ReadBackend,
     threads: usize,
-    file: &SourceFile,
-    offset: u64,
-    dst: &mut [u8],
-    direct: bool,
+    reads: Vec<HostRead<'_>>,
 ) -> Result<TransferStats> {
     let started = Instant::now();
     let cpu_before = crate::stats::cpu_seconds();
-    let len = dst.len() as u64;
-    if offset.checked_add(len).is_none_or(|end| end > file.len()) {
-        return Err(Error::new(
-            ErrorKind::Io,
-            format!(
-                "{}: {len} bytes at offset {offset} run past the end of the file ({} bytes)",
-                file.path().display(),
-                file.len()
-            ),
-        ));
+    let mut len = 0;
+    let mut files = std::collections::HashSet::new();
+    for r in &reads {
+        let n = r.dst.len() as u64;
+        if r.offset.checked_add(n).is_none_or(|end| end > r.file.len()) {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{}: {n} bytes at offset {} run past the end of the file ({} bytes)",
+                    r.file.path().display(),
+                    r.offset,
+                    r.file.len()
+                ),
+            ));
+        }
+        len += n;
+        files.insert(r.file.path());
     }
+    let file_count = files.len();
     let aligned = |at: u64, buf: &[u8]| {
         at.is_multiple_of(DIRECT_ALIGN)
             && (buf.len() as u64).is_multiple_of(DIRECT_ALIGN)
             && (buf.as_ptr() as u64).is_multiple_of(DIRECT_ALIGN)
     };
-    let chunks: Vec<(u64, &mut [u8])> = dst
-        .chunks_mut(CHUNK)
-        .enumerate()
-        .map(|(i, c)| (offset + (i * CHUNK) as u64, c))
+    let chunks: Vec<(&SourceFile, bool, u64, &mut [u8])> = reads
+        .into_iter()
+        .flat_map(|r| {
+            let (file, offset, direct) = (r.file, r.offset, r.direct);
+            r.dst
+                .chunks_mut(CHUNK)
+                .enumerate()
+                .map(move |(i, c)| (file, direct, offset + (i * CHUNK) as u64, c))
+        })
         .collect();
     let count = chunks.len();
     let queue = Mutex::new(chunks.into_iter());
@@ -50,12 +69,14 @@ pub(crate) fn read_to_host(
         let workers: Vec<_> = (0..threads.clamp(1, count.max(1)))
             .map(|_| {
                 s.spawn(|| -> Result<()> {
-                    let mut reader = backend
-                        .reader()
-                        .map_err(|e| Error::io(file.path(), "cannot start a reader for", e))?;
+                    let mut reader = backend.reader().map_err(|e| {
+                        Error::with_source(ErrorKind::Io, "cannot start a reader", e)
+                    })?;
                     loop {
                         let next = queue.lock().unwrap().next();
-                        let Some((at, buf)) = next else { return Ok(()) };
+                        let Some((file, direct, at, buf)) = next else {
+                            return Ok(());
+                        };
                         let mode = if direct && file.direct_capable() && aligned(at, buf) {
                             IoMode::Direct
                         } else {
@@ -96,7 +117,7 @@ pub(crate) fn read_to_host(
         direct_bytes,
         buffered_bytes,
         io_threads: threads.clamp(1, count.max(1)),
-        files: 1,
+        files: file_count,
         windows: count,
         ..Default::default()
     };

@@ -86,6 +86,22 @@ impl Device for CudaDevice {
         unsafe { zerohop_cuda::synchronize_foreign_stream(&self.ctx, stream) }.map_err(Error::from)
     }
 
+    unsafe fn borrow(
+        &self,
+        addr: DeviceAddr,
+        len: usize,
+        stream: Option<u64>,
+    ) -> Result<DeviceBuffer> {
+        let kind = self.kind();
+        // SAFETY: forwarded contract.
+        Ok(unsafe {
+            match stream {
+                Some(s) => DeviceBuffer::borrowed_on_stream(addr, len, kind, s),
+                None => DeviceBuffer::borrowed(addr, len, kind),
+            }
+        })
+    }
+
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         let src = src.slice(offset, dst.len())?;
         // Borrowed buffers have no `DeviceAllocation` to call; copy through a

@@ -230,6 +230,25 @@ pub trait Device: Send + Sync {
     /// `stream` must be a live stream of this device (0: the default stream).
     unsafe fn wait_for_stream(&self, stream: u64) -> Result<()>;
 
+    /// Wraps `addr..addr+len`, memory a framework allocated on this device
+    /// (a tensor's storage), for transfers; with `stream`, transfers first
+    /// wait for the work queued on it (see
+    /// [`DeviceBuffer::borrowed_on_stream`]). The simulated device's memory
+    /// is host memory: there it registers the range for its copy checks,
+    /// refusing one that overlaps memory it already knows, until the last
+    /// clone of the buffer drops.
+    ///
+    /// # Safety
+    /// As [`DeviceBuffer::borrowed_on_stream`]: the range is memory of this
+    /// device that stays allocated, and that nothing else touches, while
+    /// the buffer is used in transfers; `stream` is a live stream of it.
+    unsafe fn borrow(
+        &self,
+        addr: DeviceAddr,
+        len: usize,
+        stream: Option<u64>,
+    ) -> Result<DeviceBuffer>;
+
     /// Copies device memory back to the host, synchronously (for `--verify`).
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()>;
 

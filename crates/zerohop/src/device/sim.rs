@@ -175,12 +175,14 @@ impl StagingMemory for HostAlloc {
     }
 }
 
-struct PinnedRange {
+/// A caller's host range known to the registry (pinned, or borrowed as
+/// device memory) until dropped.
+struct RegisteredRange {
     start: u64,
     registry: Arc<Mutex<Registry>>,
 }
-impl HostPin for PinnedRange {}
-impl Drop for PinnedRange {
+impl HostPin for RegisteredRange {}
+impl Drop for RegisteredRange {
     fn drop(&mut self) {
         self.registry.lock().unwrap().ranges.remove(&self.start);
     }
@@ -239,7 +241,7 @@ impl Device for SimDevice {
             .unwrap()
             .ranges
             .insert(start, (len as u64, Region::Pinned));
-        Ok(Some(Box::new(PinnedRange {
+        Ok(Some(Box::new(RegisteredRange {
             start,
             registry: self.registry.clone(),
         })))
@@ -248,6 +250,39 @@ impl Device for SimDevice {
     unsafe fn wait_for_stream(&self, stream: u64) -> Result<()> {
         self.stream_waits.lock().unwrap().push(stream);
         Ok(())
+    }
+
+    unsafe fn borrow(
+        &self,
+        addr: DeviceAddr,
+        len: usize,
+        stream: Option<u64>,
+    ) -> Result<DeviceBuffer> {
+        if len == 0 {
+            // Nothing can be copied to or from it: nothing to register.
+            // SAFETY: an empty range is never read or written.
+            return Ok(unsafe { DeviceBuffer::borrowed(addr, 0, self.kind()) });
+        }
+        let mut reg = self.registry.lock().unwrap();
+        let Some(end) = addr.checked_add(len as u64).filter(|_| addr != 0) else {
+            return Err(Error::invalid(format!(
+                "cannot borrow {len} bytes at {addr:#x}: out of range"
+            )));
+        };
+        let before = reg.ranges.range(..end).next_back();
+        if before.is_some_and(|(&s, &(l, _))| s + l.max(1) > addr) {
+            return Err(Error::invalid(format!(
+                "cannot borrow {len} bytes at {addr:#x}: they overlap memory already in use"
+            )));
+        }
+        reg.ranges.insert(addr, (len as u64, Region::Device));
+        let guard = RegisteredRange {
+            start: addr,
+            registry: self.registry.clone(),
+        };
+        let mut buf = DeviceBuffer::owned(addr, len, self.kind(), Arc::new(guard));
+        buf.stream = stream;
+        Ok(buf)
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {

@@ -4,6 +4,7 @@
 mod write;
 
 use crate::device::{Device, DeviceBuffer};
+use crate::host_read::HostRead;
 use crate::hot::FileMapping;
 use crate::hot_choice::{self, HotChoice};
 use crate::pipeline::{self, Job, Moved, Progress, ReadCheck, WindowRoute, WorkItem, Worker};
@@ -208,29 +209,43 @@ impl Engine {
     }
 
     /// Reads `dst.len()` bytes of `file` from `offset` into host memory the
-    /// caller owns (pinned or not), in place: no staging, no device. Uses
-    /// the engine's backend and I/O threads; O_DIRECT per `direct_io` where
-    /// `dst`, `offset` and the length are 4 KiB aligned.
+    /// caller owns (pinned or not), in place: no staging, no device. As
+    /// [`Engine::read_many_to_host`] with one piece.
     pub fn read_to_host(
         &self,
         file: &SourceFile,
         offset: u64,
         dst: &mut [u8],
     ) -> Result<TransferStats> {
-        let hot = file.resident_fraction() >= self.config.hot_threshold;
-        let direct = match self.config.direct_io {
-            DirectIo::Never => false,
-            DirectIo::Always => true,
-            DirectIo::Auto => !hot,
-        };
-        crate::host_read::read_to_host(
-            self.backend.as_ref(),
-            self.config.io_threads,
-            file,
-            offset,
-            dst,
-            direct,
-        )
+        self.read_many_to_host(vec![(file, offset, dst)])
+    }
+
+    /// Reads each `(file, offset, dst)` piece into host memory the caller
+    /// owns (e.g. the tensors of a model loaded to the CPU), all pieces
+    /// sharing the engine's backend and I/O threads. O_DIRECT per
+    /// `direct_io` where `dst`, the offset and the length are 4 KiB aligned.
+    pub fn read_many_to_host(
+        &self,
+        pieces: Vec<(&SourceFile, u64, &mut [u8])>,
+    ) -> Result<TransferStats> {
+        // Whether a file is cached is asked once per file, not per piece.
+        let mut cold = std::collections::HashMap::new();
+        let reads = pieces
+            .into_iter()
+            .map(|(file, offset, dst)| HostRead {
+                file,
+                offset,
+                dst,
+                direct: match self.config.direct_io {
+                    DirectIo::Never => false,
+                    DirectIo::Always => true,
+                    DirectIo::Auto => *cold
+                        .entry(file.path())
+                        .or_insert_with(|| file.resident_fraction() < self.config.hot_threshold),
+                },
+            })
+            .collect();
+        crate::host_read::read_to_host(self.backend.as_ref(), self.config.io_threads, reads)
     }
 
     /// Runs a planned transfer. Returns only when every byte has arrived (or

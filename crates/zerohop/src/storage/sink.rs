@@ -34,15 +34,40 @@ impl SinkFile {
         buffered
             .set_len(len)
             .map_err(|e| Error::io(path, "cannot size", e))?;
+        Ok(Self::with_direct(path, buffered, len))
+    }
+
+    /// Opens `path` for writing in place, creating it if missing; never
+    /// truncates, and extends it to `min_len` bytes if it is shorter.
+    pub fn open_for_update(path: &Path, min_len: u64) -> Result<Self> {
+        let buffered = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| Error::io(path, "cannot open for writing", e))?;
+        let len = buffered
+            .metadata()
+            .map_err(|e| Error::io(path, "cannot stat", e))?
+            .len();
+        if len < min_len {
+            buffered
+                .set_len(min_len)
+                .map_err(|e| Error::io(path, "cannot extend", e))?;
+        }
+        Ok(Self::with_direct(path, buffered, len.max(min_len)))
+    }
+
+    fn with_direct(path: &Path, buffered: File, len: u64) -> Self {
         // Some file systems (older tmpfs, FUSE) refuse O_DIRECT: buffered only.
         let direct = OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_DIRECT)
             .open(path)
             .ok();
-        Ok(SinkFile {
+        SinkFile {
             fds: FilePair::new(path, buffered, direct, len),
-        })
+        }
     }
 }
 

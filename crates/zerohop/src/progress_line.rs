@@ -1,4 +1,5 @@
-//! A one-line progress display on stderr, drawn only on a terminal.
+//! A one-line progress display on stderr for long transfers (the CLI's,
+//! and the Python package's `progress=True`).
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +16,17 @@ pub struct ProgressLine {
 }
 
 impl ProgressLine {
+    /// A line drawn only when stderr is a terminal.
     pub fn new(label: impl Into<String>, total: u64) -> Self {
+        Self::with_display(label, total, std::io::stderr().is_terminal())
+    }
+
+    /// A line drawn wherever stderr goes (a notebook, a log), when asked.
+    pub fn always(label: impl Into<String>, total: u64) -> Self {
+        Self::with_display(label, total, true)
+    }
+
+    fn with_display(label: impl Into<String>, total: u64, enabled: bool) -> Self {
         let now = Instant::now();
         ProgressLine {
             label: label.into(),
@@ -23,7 +34,7 @@ impl ProgressLine {
             done: AtomicU64::new(0),
             started: now,
             last_draw: Mutex::new(now),
-            enabled: std::io::stderr().is_terminal(),
+            enabled,
         }
     }
 

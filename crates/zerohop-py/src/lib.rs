@@ -1,0 +1,35 @@
+//! The native half of the `zerohop` Python package. The Python half (in
+//! `python/zerohop`) turns tensors and arrays into `(address, bytes)` pairs
+//! and allocates every result through the framework, so memory is always
+//! owned by PyTorch or NumPy; this half runs the engine on those ranges with
+//! the GIL released. Its functions take raw addresses and are private to
+//! the package: the Python half guarantees each range is a live, contiguous
+//! buffer of the named device that it keeps alive for the call.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod checkpoint;
+mod engines;
+mod errors;
+mod progress;
+mod transfers;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add(
+        "IntegrityError",
+        m.py().get_type::<errors::IntegrityError>(),
+    )?;
+    m.add_function(wrap_pyfunction!(transfers::info, m)?)?;
+    m.add_function(wrap_pyfunction!(transfers::safetensors_header, m)?)?;
+    m.add_function(wrap_pyfunction!(transfers::read, m)?)?;
+    m.add_function(wrap_pyfunction!(transfers::write, m)?)?;
+    m.add_function(wrap_pyfunction!(transfers::save_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::checkpoint_save, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::checkpoint_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::checkpoint_restore, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::checkpoint_verify, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

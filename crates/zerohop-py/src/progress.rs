@@ -1,0 +1,118 @@
+//! `progress=` of the Python API: nothing, a line on stderr (`True`), or a
+//! callable given `(done_bytes, total_bytes)` at most every 100 ms and once
+//! at the end.
+
+use pyo3::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use zerohop::progress_line::ProgressLine;
+use zerohop::Progress;
+
+pub enum Reporter {
+    Silent,
+    Line(ProgressLine),
+    Callback {
+        callback: Py<PyAny>,
+        total: u64,
+        done: AtomicU64,
+        /// None until the first call, made at the first progress.
+        last_call: Mutex<Option<Instant>>,
+        /// The callback's first exception, raised once the work is done
+        /// (the transfer is not cut short by it).
+        failed: Mutex<Option<PyErr>>,
+    },
+}
+
+impl Reporter {
+    pub fn new(progress: Option<&Bound<'_, PyAny>>, label: &str, total: u64) -> PyResult<Self> {
+        let Some(p) = progress else {
+            return Ok(Reporter::Silent);
+        };
+        if p.is_callable() {
+            return Ok(Reporter::Callback {
+                callback: p.clone().unbind(),
+                total,
+                done: AtomicU64::new(0),
+                last_call: Mutex::new(None),
+                failed: Mutex::new(None),
+            });
+        }
+        Ok(if p.is_truthy()? {
+            Reporter::Line(ProgressLine::always(label, total))
+        } else {
+            Reporter::Silent
+        })
+    }
+
+    /// For the engine: `None` when nothing is reported.
+    pub fn advance(&self, bytes: u64) {
+        match self {
+            Reporter::Silent => {}
+            Reporter::Line(line) => line.advance(bytes),
+            Reporter::Callback {
+                total,
+                done,
+                last_call,
+                ..
+            } => {
+                let now = done.fetch_add(bytes, Ordering::Relaxed) + bytes;
+                let Ok(mut last) = last_call.try_lock() else {
+                    return;
+                };
+                let due = last.is_none_or(|t| t.elapsed() >= Duration::from_millis(100));
+                if now < *total && due {
+                    *last = Some(Instant::now());
+                    self.call(now);
+                }
+            }
+        }
+    }
+
+    pub fn is_silent(&self) -> bool {
+        matches!(self, Reporter::Silent)
+    }
+
+    /// Runs `f` with the engine's view of this reporter.
+    pub fn with<T>(&self, f: impl FnOnce(Option<Progress<'_>>) -> T) -> T {
+        let report = |n| self.advance(n);
+        f((!self.is_silent()).then_some(&report))
+    }
+
+    fn call(&self, done: u64) {
+        if let Reporter::Callback {
+            callback,
+            total,
+            failed,
+            ..
+        } = self
+        {
+            Python::attach(|py| {
+                if let Err(e) = callback.call1(py, (done, *total)) {
+                    failed.lock().unwrap().get_or_insert(e);
+                }
+            });
+        }
+    }
+
+    /// Ends the display; reports completion to a callback and raises its
+    /// first exception, if any.
+    pub fn finish(self, succeeded: bool) -> PyResult<()> {
+        match &self {
+            Reporter::Silent => Ok(()),
+            Reporter::Line(line) => {
+                line.finish();
+                Ok(())
+            }
+            Reporter::Callback { done, failed, .. } => {
+                if succeeded {
+                    self.call(done.load(Ordering::Relaxed));
+                }
+                match failed.lock().unwrap().take() {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}

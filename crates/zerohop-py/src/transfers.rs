@@ -1,0 +1,211 @@
+//! Loads and saves of plain files and safetensors files.
+
+use crate::engines::{engine, Place};
+use crate::errors::to_py;
+use crate::progress::Reporter;
+use pyo3::prelude::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use zerohop::machine::MachineInfo;
+use zerohop::plan::TransferPlan;
+use zerohop::safetensors::{read_header, save_safetensors as save_file, Dtype, TensorToSave};
+use zerohop::storage::{SinkFile, SourceFile};
+use zerohop::{Engine, Error, Progress, Result, TransferStats};
+
+/// A tensor as the Python half describes it: name, safetensors dtype,
+/// shape, address, bytes.
+pub type TensorSpec = (String, String, Vec<u64>, u64, u64);
+
+/// A safetensors file's metadata and tensors.
+type HeaderInfo = (Option<BTreeMap<String, String>>, Vec<TensorSpec>);
+
+/// What this machine offers (`zerohop info --json`), as JSON.
+#[pyfunction]
+#[pyo3(signature = (path=None))]
+pub fn info(py: Python<'_>, path: Option<PathBuf>) -> PyResult<String> {
+    let info = py.detach(|| MachineInfo::gather(path.as_deref()));
+    Ok(serde_json::to_string(&info).expect("machine info serializes"))
+}
+
+/// A safetensors file's metadata (None when it has none) and its tensors
+/// as (name, dtype, shape, begin, end), offsets absolute in the file.
+#[pyfunction]
+pub fn safetensors_header(py: Python<'_>, path: PathBuf) -> PyResult<HeaderInfo> {
+    let header = py
+        .detach(|| SourceFile::open(&path).and_then(|f| read_header(&f)))
+        .map_err(to_py)?;
+    let tensors = header
+        .tensors
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dtype.name().to_string(),
+                t.shape.clone(),
+                header.data_start + t.begin,
+                header.data_start + t.end,
+            )
+        })
+        .collect();
+    let metadata = Some(header.metadata).filter(|m| !m.is_empty());
+    Ok((metadata, tensors))
+}
+
+/// Reads `pieces`, each (file index, file offset, bytes, address), from
+/// `paths` into memory of `device`. Returns the transfer's stats as JSON.
+#[pyfunction]
+#[pyo3(signature = (device, paths, pieces, stream=None, progress=None))]
+pub fn read(
+    py: Python<'_>,
+    device: &str,
+    paths: Vec<PathBuf>,
+    pieces: Vec<(usize, u64, u64, u64)>,
+    stream: Option<u64>,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<String> {
+    let place = Place::parse(device)?;
+    let engine = engine(place)?;
+    let total = pieces.iter().map(|p| p.2).sum();
+    let reporter = Reporter::new(progress.as_ref(), "loading", total)?;
+    let stats = py.detach(|| {
+        let files = Engine::open_files(&paths)?;
+        if let Some(p) = pieces.iter().find(|p| p.0 >= files.len()) {
+            return Err(Error::invalid(format!("file index {} out of range", p.0)));
+        }
+        if place == Place::Host {
+            return reporter.with(|progress| read_to_host(&engine, &files, &pieces, progress));
+        }
+        let mut plan = TransferPlan::new();
+        // A plan holds addresses only; the buffers (on the simulated
+        // device, registrations) must live until the transfer is done.
+        let mut targets = Vec::with_capacity(pieces.len());
+        for &(file, offset, len, addr) in pieces.iter().filter(|p| p.2 > 0) {
+            // SAFETY: the Python half passes live buffers of `device` that
+            // it keeps alive for this call.
+            let buf = unsafe { engine.device().borrow(addr, len as usize, stream) }?;
+            plan.add(&files, file, offset, len, &buf, 0)?;
+            targets.push(buf);
+        }
+        reporter.with(|progress| engine.transfer(&files, &plan, progress))
+    });
+    finish(reporter, stats)
+}
+
+/// Host destinations are read into in place, no staging and no device.
+fn read_to_host(
+    engine: &Engine,
+    files: &[SourceFile],
+    pieces: &[(usize, u64, u64, u64)],
+    progress: Option<Progress<'_>>,
+) -> Result<TransferStats> {
+    let mut ranges: Vec<(u64, u64)> = pieces.iter().map(|p| (p.3, p.2)).collect();
+    ranges.sort_unstable();
+    if ranges.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+        return Err(Error::invalid("destination buffers overlap"));
+    }
+    let reads = pieces
+        .iter()
+        .filter(|p| p.2 > 0)
+        .map(|&(file, offset, len, addr)| {
+            // SAFETY: the Python half passes live host buffers that it keeps
+            // alive for this call; they were just checked to be disjoint.
+            let dst = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) };
+            (&files[file], offset, dst)
+        })
+        .collect();
+    let stats = engine.read_many_to_host(reads)?;
+    if let Some(p) = progress {
+        p(stats.bytes);
+    }
+    Ok(stats)
+}
+
+/// Writes `len` bytes at `addr` of `device` into `path` at `offset` (the
+/// file is created if missing and never truncated); durable on return.
+#[pyfunction]
+#[pyo3(signature = (device, path, offset, addr, len, stream=None, progress=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn write(
+    py: Python<'_>,
+    device: &str,
+    path: PathBuf,
+    offset: u64,
+    addr: u64,
+    len: u64,
+    stream: Option<u64>,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<String> {
+    let engine = engine(Place::parse(device)?)?;
+    let reporter = Reporter::new(progress.as_ref(), "writing", len)?;
+    let stats = py.detach(|| {
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| Error::invalid("offset + length overflows"))?;
+        let files = [SinkFile::open_for_update(&path, end)?];
+        let mut plan = TransferPlan::new();
+        // SAFETY: as in `read`.
+        let buf = unsafe { engine.device().borrow(addr, len as usize, stream) }?;
+        if len > 0 {
+            plan.add(&files, 0, offset, len, &buf, 0)?;
+        }
+        reporter.with(|progress| engine.write(&files, &plan, None, progress))
+    });
+    finish(reporter, stats)
+}
+
+/// Saves tensors of `device` as one safetensors file, atomically and
+/// durably.
+#[pyfunction]
+#[pyo3(signature = (device, path, tensors, metadata=None, stream=None, progress=None))]
+pub fn save_safetensors(
+    py: Python<'_>,
+    device: &str,
+    path: PathBuf,
+    tensors: Vec<TensorSpec>,
+    metadata: Option<BTreeMap<String, String>>,
+    stream: Option<u64>,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<String> {
+    let engine = engine(Place::parse(device)?)?;
+    let total = tensors.iter().map(|t| t.4).sum();
+    let reporter = Reporter::new(progress.as_ref(), "saving", total)?;
+    let stats = py.detach(|| {
+        let tensors = tensors
+            .into_iter()
+            .map(|(name, dtype, shape, addr, len)| {
+                Ok(TensorToSave {
+                    dtype: parse_dtype(&name, &dtype)?,
+                    // SAFETY: as in `read`.
+                    data: unsafe { engine.device().borrow(addr, len as usize, stream) }?,
+                    name,
+                    shape,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        reporter.with(|progress| {
+            save_file(
+                &engine,
+                &path,
+                &tensors,
+                &metadata.unwrap_or_default(),
+                progress,
+            )
+        })
+    });
+    finish(reporter, stats)
+}
+
+pub fn parse_dtype(name: &str, dtype: &str) -> Result<Dtype> {
+    Dtype::parse(dtype)
+        .ok_or_else(|| Error::invalid(format!("tensor {name:?}: unknown dtype {dtype:?}")))
+}
+
+/// Ends the progress display and turns the outcome into stats JSON or the
+/// Python exception.
+pub fn finish(reporter: Reporter, outcome: Result<TransferStats>) -> PyResult<String> {
+    let ok = outcome.is_ok();
+    let done = reporter.finish(ok);
+    let stats = outcome.map_err(to_py)?;
+    done?;
+    Ok(serde_json::to_string(&stats).expect("stats serialize"))
+}

@@ -1,0 +1,8 @@
+import pytest
+
+np = pytest.importorskip("numpy")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(7)

@@ -1,0 +1,109 @@
+"""Errors map to Python's exceptions; progress reporting; the wheel."""
+
+import os
+import shutil
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+import zerohop
+from zerohop import _native
+
+
+def test_missing_files_and_directories(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        zerohop.load_file(tmp_path / "nope.safetensors", framework="np")
+    with pytest.raises(FileNotFoundError):
+        zerohop.checkpoint.load(tmp_path / "nope")
+    with pytest.raises((IsADirectoryError, ValueError, OSError)):
+        zerohop.load_file(tmp_path, framework="np")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="running as root, which bypasses file modes")
+def test_permission_denied(tmp_path):
+    path = tmp_path / "locked.safetensors"
+    path.write_bytes(b"\0" * 16)
+    path.chmod(0)
+    with pytest.raises(PermissionError):
+        zerohop.load_file(path, framework="np")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\x05\0\0\0\0\0\0\0{}", b"\x02\0\0\0\0\0\0\0{}" + b"garbage",
+     b"\x40\0\0\0\0\0\0\0" + b'{"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}'.ljust(64)],
+)
+def test_malformed_files_are_value_errors(tmp_path, content):
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(content)
+    with pytest.raises(ValueError):
+        zerohop.load_file(path, framework="np")
+
+
+def test_bad_arguments_are_value_errors(tmp_path):
+    path = tmp_path / "m.safetensors"
+    zerohop.save_file({"a": np.ones(2)}, path)
+    with pytest.raises(ValueError, match="unknown device"):
+        zerohop.load_file(path, device="tpu")
+    with pytest.raises(ValueError, match="framework"):
+        zerohop.load_file(path, framework="jax")
+    with pytest.raises(ValueError, match="metadata"):
+        zerohop.save_file({"a": np.ones(2)}, tmp_path / "n.safetensors", metadata={"k": 1})
+    with pytest.raises(ValueError, match="unknown device"):
+        _native.read("gpu", [str(path)], [])
+
+
+def test_driver_errors_are_runtime_errors(tmp_path):
+    if zerohop.info()["gpus"]:
+        pytest.skip("a GPU is present (the GPU suite covers CUDA errors)")
+    path = tmp_path / "f"
+    path.write_bytes(b"\0" * 8)
+    with pytest.raises(RuntimeError, match="(?i)cuda|driver"):
+        _native.read("cuda:0", [str(path)], [(0, 0, 8, 4096)])
+
+
+def test_progress_callbacks_run_on_worker_threads_with_the_gil_released(tmp_path, rng):
+    data = rng.integers(0, 256, size=48 << 20, dtype=np.uint8)
+    path = tmp_path / "m.safetensors"
+    zerohop.save_file({"a": data}, path)
+    calls = []
+    main = threading.get_ident()
+
+    def report(done, total):
+        calls.append((done, total, threading.get_ident()))
+
+    out = zerohop.load_file(path, device="sim", framework="np", progress=report)
+    assert out["a"].tobytes() == data.tobytes()
+    assert calls and calls[-1][:2] == (data.nbytes, data.nbytes)
+    # Called from engine threads while the caller waited: the GIL was free.
+    assert any(t != main for _, _, t in calls)
+    assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:]))
+
+
+def test_progress_true_draws_a_line(tmp_path, capfd):
+    zerohop.save_file({"a": np.ones(1 << 20)}, tmp_path / "m.safetensors", progress=True)
+    assert "saving" in capfd.readouterr().err
+
+
+def test_a_failing_callback_raises_after_the_work(tmp_path):
+    def boom(done, total):
+        raise KeyError("from the callback")
+
+    with pytest.raises(KeyError, match="from the callback"):
+        zerohop.save_file({"a": np.ones(1 << 20)}, tmp_path / "m.safetensors", progress=boom)
+    assert (tmp_path / "m.safetensors").exists()
+
+
+def test_info_describes_the_machine():
+    info = zerohop.info("/")
+    assert set(info) >= {"driver", "gpus", "gds", "io_uring", "o_direct", "staging"}
+    assert info["staging"]["total_bytes"] > 0
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf not installed")
+def test_the_extension_does_not_link_cuda():
+    needed = subprocess.run(["readelf", "-d", _native.__file__], capture_output=True, text=True).stdout
+    assert "NEEDED" in needed
+    assert "cuda" not in needed.lower() and "libpython" not in needed

@@ -1,0 +1,98 @@
+"""safetensors loading and saving into host memory (numpy arrays), directly
+and through the simulated device, checked against the safetensors package."""
+
+import os
+
+import numpy as np
+import pytest
+
+import zerohop
+
+st_numpy = pytest.importorskip("safetensors.numpy")
+
+DTYPES = ["bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64", "complex64"]
+
+
+def odd_tensors(rng):
+    """Many entries of odd sizes and every numpy dtype, zero-size included."""
+    out = {}
+    for i, dtype in enumerate(DTYPES):
+        shape = (int(rng.integers(1, 9)), int(rng.integers(1, 1000)))
+        raw = rng.integers(0, 256, size=int(np.prod(shape)) * np.dtype(dtype).itemsize, dtype=np.uint8)
+        out[f"t{i}.{dtype}"] = raw.view(dtype).reshape(shape)
+    out["empty"] = np.zeros((0, 5), np.float32)
+    out["scalar"] = np.array(3.5, np.float64)
+    out["big"] = rng.integers(0, 256, size=(3 << 20) + 17, dtype=np.uint8)
+    return out
+
+
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("device", ["cpu", "sim"])
+def test_load_file_reads_what_safetensors_wrote(tmp_path, rng, device):
+    tensors = odd_tensors(rng)
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file(tensors, str(path), metadata={"format": "np"})
+    loaded = zerohop.load_file(path, device=device, framework="np")
+    assert sorted(loaded) == sorted(tensors)
+    for name, t in tensors.items():
+        assert same(loaded[name], t), name
+
+
+def test_load_file_takes_a_list_of_shards(tmp_path, rng):
+    tensors = odd_tensors(rng)
+    names = sorted(tensors)
+    paths = []
+    for i, part in enumerate([names[::2], names[1::2]]):
+        paths.append(str(tmp_path / f"shard{i}.safetensors"))
+        st_numpy.save_file({n: tensors[n] for n in part}, paths[-1])
+    loaded = zerohop.load_file(paths, device="sim", framework="np")
+    assert all(same(loaded[n], tensors[n]) for n in names)
+    with pytest.raises(ValueError, match="is in both"):
+        zerohop.load_file([paths[0], paths[0]], framework="np")
+
+
+def test_save_file_is_read_by_safetensors(tmp_path, rng):
+    tensors = odd_tensors(rng)
+    path = tmp_path / "out.safetensors"
+    zerohop.save_file(tensors, path, metadata={"who": "zerohop"})
+    back = st_numpy.load_file(str(path))
+    assert all(same(back[n], t) for n, t in tensors.items())
+    from safetensors import safe_open
+    with safe_open(str(path), framework="np") as f:
+        assert f.metadata() == {"who": "zerohop"}
+    # Saving again replaces the file atomically, leaving no temporaries.
+    zerohop.save_file({"only": tensors["big"]}, path)
+    assert list(st_numpy.load_file(str(path))) == ["only"]
+    assert os.listdir(tmp_path) == ["out.safetensors"]
+
+
+def test_safe_open_reads_only_what_is_asked(tmp_path, rng):
+    w = rng.standard_normal((10, 6)).astype(np.float32)
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file({"w": w, "s": np.array(2, np.int32)}, str(path), metadata={"a": "b"})
+    with zerohop.safe_open(path, framework="np", device="cpu") as f:
+        assert f.keys() == ["s", "w"]
+        assert f.metadata() == {"a": "b"}
+        assert same(f.get_tensor("w"), w)
+        sl = f.get_slice("w")
+        assert sl.get_shape() == [10, 6] and sl.get_dtype() == "F32"
+        for index in [slice(2, 5), slice(None), slice(1, 9, 3), 4, -1, (slice(3, 7), slice(1, 4)),
+                      (Ellipsis, 2), (-2, slice(None, None, 2)), slice(8, 2)]:
+            assert same(sl[index], np.ascontiguousarray(w[index])), index
+        assert f.get_slice("s")[()] == 2
+        with pytest.raises(KeyError):
+            f.get_tensor("missing")
+        with pytest.raises(IndexError):
+            sl[10]
+
+
+def test_bf16_is_refused_by_numpy_with_a_clear_error(tmp_path):
+    path = tmp_path / "bf16.safetensors"
+    header = b'{"x":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}'
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    with pytest.raises(ValueError, match="framework='pt'"):
+        zerohop.load_file(path, framework="np")

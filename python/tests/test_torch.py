@@ -1,0 +1,176 @@
+"""PyTorch tensors, on the CPU and on the GPU. Skipped where torch (or, for
+the GPU tests, CUDA) is missing: CI has neither; the accelerator machine
+runs them from the wheel built by scripts/gpu.sh."""
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+st_torch = pytest.importorskip("safetensors.torch")
+
+import zerohop  # noqa: E402
+from zerohop import checkpoint  # noqa: E402
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda:0", marks=cuda)]
+
+
+def bits(t):
+    """A tensor's bytes, for bit-exact comparisons of any dtype."""
+    t = t.detach().contiguous().cpu()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def model_tensors():
+    g = torch.Generator().manual_seed(3)
+    out = {
+        "embed": torch.randn(1000, 64, generator=g).to(torch.bfloat16),
+        "w16": torch.randn(33, 17, generator=g).half(),
+        "w32": torch.randn(5, 7, 3, generator=g),
+        "ids": torch.randint(-(2**40), 2**40, (77,), generator=g),
+        "mask": torch.rand(19, generator=g) > 0.5,
+        "e4m3": torch.randn(64, 3, generator=g).to(torch.float8_e4m3fn),
+        "e5m2": torch.randn(10, generator=g).to(torch.float8_e5m2),
+        "empty": torch.empty(0, 8, dtype=torch.bfloat16),
+        "scalar": torch.tensor(1.25),
+    }
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_load_file_matches_safetensors(tmp_path, device):
+    tensors = model_tensors()
+    path = tmp_path / "m.safetensors"
+    st_torch.save_file(tensors, str(path))
+    loaded = zerohop.load_file(path, device=device)
+    for name, t in tensors.items():
+        got = loaded[name]
+        assert got.dtype == t.dtype and got.shape == t.shape and got.device == torch.device(device)
+        assert bits(got) == bits(t), name
+
+
+@cuda
+def test_tensors_belong_to_torch_and_are_ready_on_the_current_stream(tmp_path):
+    big = torch.randn(64 << 20 // 4)  # 64 MiB
+    path = tmp_path / "big.safetensors"
+    st_torch.save_file({"big": big}, str(path))
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        # Busy the stream first: the load must wait for it, and the sum
+        # queued right after on the same stream must see the loaded bytes.
+        busy = torch.ones(4096, 4096, device="cuda")
+        for _ in range(20):
+            busy = busy @ busy / 4096
+        out = zerohop.load_file(path, device="cuda:0")
+        total = out["big"].double().sum()
+    stream.synchronize()
+    assert abs(total.item() - big.double().sum().item()) < 1e-3
+    assert torch.cuda.memory_allocated() >= base + big.nbytes
+    del out, total, busy
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == base  # freed like any tensor
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_save_file_is_read_by_safetensors(tmp_path, device):
+    tensors = {k: v.to(device) for k, v in model_tensors().items()}
+    path = tmp_path / "out.safetensors"
+    zerohop.save_file(tensors, path, metadata={"k": "v"})
+    back = st_torch.load_file(str(path))
+    assert all(bits(back[k]) == bits(v) for k, v in tensors.items())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_safe_open_slices(tmp_path, device):
+    w = torch.randn(50, 8).to(torch.bfloat16)
+    path = tmp_path / "m.safetensors"
+    st_torch.save_file({"w": w}, str(path), metadata={"a": "b"})
+    with zerohop.safe_open(path, framework="pt", device=device) as f:
+        assert f.metadata() == {"a": "b"}
+        part = f.get_slice("w")[10:20, 2:5]
+        assert part.device == torch.device(device) and bits(part) == bits(w[10:20, 2:5])
+        assert bits(f.get_tensor("w")) == bits(w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_read_into_and_write_from_tensors(tmp_path, device):
+    data = torch.randint(0, 255, (3 << 20,), dtype=torch.uint8).to(device)
+    path = tmp_path / "raw.bin"
+    zerohop.write_from(data, path, offset=512)
+    back = torch.empty_like(data)
+    zerohop.read_into(back, path, offset=512)
+    assert torch.equal(back, data)
+    with pytest.raises(ValueError, match="contiguous"):
+        zerohop.read_into(torch.empty(8, 8, device=device).t(), path)
+
+
+@cuda
+def test_dlpack_producers(tmp_path):
+    cupy = pytest.importorskip("cupy")
+    path = tmp_path / "raw.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    arr = cupy.zeros(1024, dtype=cupy.uint8)
+    zerohop.read_into(arr, path)
+    assert bytes(cupy.asnumpy(arr)) == path.read_bytes()
+
+
+@cuda
+def test_model_and_adamw_state_round_trip_bit_exactly(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512), torch.nn.Linear(512, 10)
+    ).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step():
+        loss = model(torch.randn(32, 256, device="cuda")).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3}
+    expected = {k: bits(v) for k, v in model.state_dict().items()}
+    expected_opt = {(i, k): bits(v) for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
+    saved = checkpoint.save(state, tmp_path / "ck", progress=True)
+    assert saved["written_bytes"] > 0
+
+    for _ in range(2):  # drift away from the saved state
+        step()
+    checkpoint.restore_into({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 0},
+                            tmp_path / "ck")
+    assert {k: bits(v) for k, v in model.state_dict().items()} == expected
+    assert {(i, k): bits(v) for i, s in opt.state_dict()["state"].items() for k, v in s.items()} == expected_opt
+
+    loaded = checkpoint.load(tmp_path / "ck")
+    assert loaded["epoch"] == 3
+    assert loaded["optimizer"]["param_groups"] == opt.state_dict()["param_groups"]
+    step_t = loaded["optimizer"]["state"][0]["step"]
+    assert step_t.device == opt.state_dict()["state"][0]["step"].device  # where it was saved from
+    fresh = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512), torch.nn.Linear(512, 10)
+    ).cuda()
+    fresh.load_state_dict(loaded["model"])
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    fresh_opt.load_state_dict(loaded["optimizer"])
+    assert {k: bits(v) for k, v in fresh.state_dict().items()} == expected
+
+    # Incremental: nothing changed since, so (almost) nothing is written.
+    again = checkpoint.save(state | {"model": model.state_dict(), "optimizer": opt.state_dict()},
+                            tmp_path / "ck2", parent=tmp_path / "ck")
+    assert again["written_bytes"] < saved["written_bytes"] // 10
+    assert checkpoint.verify(tmp_path / "ck2")[0] > 0
+
+
+@cuda
+def test_cuda_driver_errors_are_runtime_errors(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"\0" * 4096)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        # Address 16 is no device memory: the driver refuses the copy.
+        zerohop._native.read("cuda:0", [str(path)], [(0, 0, 4096, 16)])
+    assert os.path.exists(path)

@@ -1,0 +1,82 @@
+"""zerohop: load and save GPU memory at storage speed.
+
+Drop-in loading and saving of safetensors files (`load_file`, `safe_open`,
+`save_file`), checkpoints of nested training state (`zerohop.checkpoint`),
+and raw reads and writes between files and any contiguous tensor or buffer
+(`read_into`, `write_from`). Memory is always allocated by PyTorch (or
+NumPy); zerohop only moves bytes, with the GIL released.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Optional, Union
+
+from . import _buffers, _native, checkpoint
+from ._native import IntegrityError
+from ._safetensors import TensorSlice, load_file, safe_open, save_file
+
+__version__ = _native.__version__
+__all__ = [
+    "IntegrityError",
+    "TensorSlice",
+    "checkpoint",
+    "info",
+    "load_file",
+    "read_into",
+    "safe_open",
+    "save_file",
+    "write_from",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def info(path: Optional[PathLike] = None) -> Dict[str, Any]:
+    """What this machine offers, as `zerohop info --json` prints it: the CUDA
+    driver and GPUs (or why there are none), whether a GDS direct path
+    exists and why not, io_uring, whether `path`'s file system accepts
+    O_DIRECT, and the staging settings."""
+    return json.loads(_native.info(os.fspath(path) if path is not None else None))
+
+
+def read_into(
+    tensor: Any, path: PathLike, offset: int = 0, progress: Any = False
+) -> Dict[str, Any]:
+    """Fills a contiguous tensor or buffer (torch, numpy, DLPack, or the
+    buffer protocol; host or GPU memory) with its size in bytes of `path`
+    from `offset`. Returns the transfer's stats (bytes, seconds, GB/s,
+    route taken)."""
+    _check_offset(offset)
+    b = _buffers.describe(tensor, writable=True)
+    pieces = [(0, offset, b.nbytes, b.addr)] if b.nbytes else []
+    stats = _native.read(
+        b.device, [os.fspath(path)], pieces, _buffers.current_stream(b.device), progress
+    )
+    return json.loads(stats)
+
+
+def write_from(
+    tensor: Any, path: PathLike, offset: int = 0, progress: Any = False
+) -> Dict[str, Any]:
+    """Writes a contiguous tensor or buffer into `path` at `offset`: the file
+    is created if missing, never truncated, and durable (data and directory
+    entry synced) when this returns. Returns the transfer's stats."""
+    _check_offset(offset)
+    b = _buffers.describe(tensor, writable=False)
+    stats = _native.write(
+        b.device,
+        os.fspath(path),
+        offset,
+        b.addr,
+        b.nbytes,
+        _buffers.current_stream(b.device),
+        progress,
+    )
+    return json.loads(stats)
+
+
+def _check_offset(offset: int) -> None:
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be a non-negative int, not {offset!r}")

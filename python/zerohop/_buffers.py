@@ -1,0 +1,230 @@
+"""Tensors and arrays as the engine sees them: an address, a length, and the
+device (and CUDA stream) they belong to; and allocation of results through
+the framework that will own them."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Dict, Iterable, NamedTuple, Optional, Sequence, Tuple
+
+try:  # Both frameworks are optional: numpy for host arrays, torch for tensors.
+    import numpy as np
+except ImportError:  # pragma: no cover - exercised only without numpy
+    np = None  # type: ignore[assignment]
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+# safetensors dtype names -> torch attribute names; absent ones (older
+# torch) are skipped.
+_TORCH_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+}
+
+_NUMPY_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+    "F16": "float16",
+    "F32": "float32",
+    "F64": "float64",
+    "C64": "complex64",
+}
+
+
+def torch_dtype(name: str):
+    torch = _torch()
+    attr = _TORCH_DTYPES.get(name)
+    if torch is None or attr is None or not hasattr(torch, attr):
+        raise ValueError(f"dtype {name} has no torch equivalent here")
+    return getattr(torch, attr)
+
+
+def numpy_dtype(name: str):
+    if np is None:
+        raise ValueError("framework='np' needs numpy")
+    if name not in _NUMPY_DTYPES:
+        raise ValueError(f"numpy has no {name} dtype: load it with framework='pt'")
+    return np.dtype(_NUMPY_DTYPES[name])
+
+
+def dtype_name(dtype) -> str:
+    """The safetensors name of a torch or numpy dtype."""
+    torch = _torch()
+    if torch is not None and isinstance(dtype, torch.dtype):
+        for name, attr in _TORCH_DTYPES.items():
+            if getattr(torch, attr, None) == dtype:
+                return name
+    elif np is not None:
+        for name, attr in _NUMPY_DTYPES.items():
+            if np.dtype(attr) == dtype:
+                return name
+    raise ValueError(f"dtype {dtype} cannot be stored in safetensors")
+
+
+def device_name(device: Any) -> str:
+    """Normalizes a device argument: 'cpu', 'cuda:N', or 'sim' (host memory
+    moved through the simulated device: for tests without a GPU)."""
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    name = str(device)
+    if name == "cuda":
+        torch = _torch()
+        index = torch.cuda.current_device() if torch is not None else 0
+        return f"cuda:{index}"
+    if name in ("cpu", "sim") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or 'sim'")
+
+
+def current_stream(device: str) -> Optional[int]:
+    """The CUDA stream torch queues work on for `device`: transfers wait for
+    it first, and its later work sees what they moved."""
+    torch = _torch()
+    if not device.startswith("cuda") or torch is None:
+        return None
+    return torch.cuda.current_stream(torch.device(device)).cuda_stream
+
+
+class Buffer(NamedTuple):
+    """One contiguous range of memory, kept alive by `owner`."""
+
+    addr: int
+    nbytes: int
+    device: str  # 'cpu' or 'cuda:N'
+    dtype: str  # safetensors name; 'U8' for untyped buffers
+    shape: Tuple[int, ...]
+    owner: Any
+
+
+def describe(obj: Any, writable: bool) -> Buffer:
+    """The memory of a torch tensor, a numpy array, any DLPack producer, or
+    any object with the buffer protocol. It must be contiguous; `writable`
+    also requires that it may be written."""
+    torch = _torch()
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if not obj.is_contiguous():
+            raise ValueError("the tensor is not contiguous: call .contiguous() first")
+        if obj.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"tensors on {obj.device} are not supported")
+        device = "cpu" if obj.device.type == "cpu" else f"cuda:{obj.device.index}"
+        return Buffer(
+            obj.data_ptr(),
+            obj.numel() * obj.element_size(),
+            device,
+            dtype_name(obj.dtype),
+            tuple(obj.shape),
+            obj,
+        )
+    if np is not None and isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise ValueError("the array is not C-contiguous: use numpy.ascontiguousarray")
+        if writable and not obj.flags.writeable:
+            raise ValueError("the array is read-only")
+        return Buffer(
+            obj.__array_interface__["data"][0],
+            obj.nbytes,
+            "cpu",
+            dtype_name(obj.dtype),
+            tuple(obj.shape),
+            obj,
+        )
+    if hasattr(obj, "__dlpack__"):
+        if torch is not None:
+            return describe(torch.from_dlpack(obj), writable)._replace(owner=obj)
+        if np is not None:
+            return describe(np.from_dlpack(obj), writable)._replace(owner=obj)
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise TypeError(
+            f"{type(obj).__name__} is not a tensor, array, DLPack producer or buffer"
+        ) from None
+    if not view.c_contiguous:
+        raise ValueError("the buffer is not contiguous")
+    if view.readonly:
+        if writable:
+            raise ValueError("the buffer is read-only")
+        if np is None:
+            raise TypeError("read-only buffers need numpy to be addressed")
+        return describe(np.frombuffer(view, dtype=np.uint8), False)._replace(owner=(obj, view))
+    flat = view.cast("B")
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(flat)) if flat.nbytes else 0
+    return Buffer(addr, flat.nbytes, "cpu", "U8", (flat.nbytes,), (obj, flat))
+
+
+def empty(framework: str, dtype: str, shape: Sequence[int], device: str):
+    """A new tensor or array owned by its framework, for the engine to fill."""
+    if framework == "pt":
+        torch = _torch()
+        if torch is None:
+            raise ImportError("framework='pt' needs torch; use framework='np' for numpy arrays")
+        if device == "sim":
+            raise ValueError("device='sim' holds numpy arrays: use framework='np'")
+        return torch.empty(tuple(shape), dtype=torch_dtype(dtype), device=device)
+    if framework == "np":
+        if device.startswith("cuda"):
+            raise ValueError("numpy arrays live in host memory: use device='cpu'")
+        return np.empty(tuple(shape), dtype=numpy_dtype(dtype))
+    raise ValueError(f"unknown framework {framework!r}: expected 'pt' or 'np'")
+
+
+def address(t: Any) -> int:
+    """The address of a tensor or array made by `empty`."""
+    if np is not None and isinstance(t, np.ndarray):
+        return t.__array_interface__["data"][0]
+    return t.data_ptr()
+
+
+def main_device(buffers: Iterable[Buffer]) -> str:
+    """The device holding most of the bytes ('cpu' when there are none): a
+    save or restore runs on that device's engine."""
+    by_device: Dict[str, int] = {}
+    for b in buffers:
+        by_device[b.device] = by_device.get(b.device, 0) + b.nbytes
+    return max(by_device, key=lambda d: by_device[d]) if by_device else "cpu"
+
+
+def as_torch(b: Buffer):
+    """A torch tensor sharing `b`'s memory (for copies between devices)."""
+    torch = _torch()
+    if isinstance(b.owner, torch.Tensor):
+        return b.owner
+    if np is not None and isinstance(b.owner, np.ndarray):
+        return torch.from_numpy(b.owner)
+    return torch.frombuffer(b.owner[1], dtype=torch.uint8)
+
+
+def moved_to(b: Buffer, device: str) -> Buffer:
+    """`b` itself when it is on `device`, else a copy of it there."""
+    if b.device == device:
+        return b
+    return describe(as_torch(b).to(device).contiguous(), writable=False)

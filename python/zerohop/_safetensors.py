@@ -1,0 +1,191 @@
+"""safetensors files, as `safetensors.torch` (and `safetensors.numpy`) read
+and write them, through the zerohop engine."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+from . import _buffers, _native
+
+PathLike = Union[str, "os.PathLike[str]"]
+Progress = Any  # False/None, True (a line on stderr), or a callable(done, total)
+
+
+class _Tensor:
+    """A tensor's place in its file."""
+
+    def __init__(self, file: int, name: str, dtype: str, shape: List[int], begin: int, end: int):
+        self.file, self.name, self.dtype, self.shape = file, name, dtype, shape
+        self.begin, self.end = begin, end
+
+
+def _headers(paths: Sequence[str]) -> Tuple[Optional[Dict[str, str]], Dict[str, _Tensor]]:
+    metadata = None
+    tensors: Dict[str, _Tensor] = {}
+    for i, path in enumerate(paths):
+        meta, infos = _native.safetensors_header(path)
+        metadata = metadata or meta
+        for name, dtype, shape, begin, end in infos:
+            if name in tensors:
+                raise ValueError(f"tensor {name!r} is in both {paths[tensors[name].file]} and {path}")
+            tensors[name] = _Tensor(i, name, dtype, shape, begin, end)
+    return metadata, tensors
+
+
+def _load(
+    paths: Sequence[str],
+    wanted: Iterable[_Tensor],
+    device: str,
+    framework: str,
+    progress: Progress,
+) -> Dict[str, Any]:
+    """Allocates each wanted tensor through its framework, then fills them
+    all in one engine call."""
+    out: Dict[str, Any] = {}
+    pieces = []
+    for t in wanted:
+        out[t.name] = _buffers.empty(framework, t.dtype, t.shape, device)
+        pieces.append((t.file, t.begin, t.end - t.begin, _buffers.address(out[t.name])))
+    if pieces:
+        _native.read(device, list(paths), pieces, _buffers.current_stream(device), progress)
+    return out
+
+
+def load_file(
+    filename: Union[PathLike, Sequence[PathLike]],
+    device: Any = "cpu",
+    framework: str = "pt",
+    progress: Progress = False,
+) -> Dict[str, Any]:
+    """Loads every tensor of a safetensors file, or of a list of shards, as
+    `safetensors.torch.load_file` does, straight into `device` ('cpu',
+    'cuda', 'cuda:N' or an index). Tensors are allocated by torch (or numpy,
+    with framework='np') and ready on the current CUDA stream on return."""
+    paths = [os.fspath(filename)] if isinstance(filename, (str, os.PathLike)) else [os.fspath(p) for p in filename]
+    device = _buffers.device_name(device)
+    _, tensors = _headers(paths)
+    return _load(paths, tensors.values(), device, framework, progress)
+
+
+class safe_open:
+    """Opens a safetensors file to read only what is asked, as
+    `safetensors.safe_open` does: `keys()`, `metadata()`,
+    `get_tensor(name)`, `get_slice(name)[rows, ...]`. Usable as a context
+    manager."""
+
+    def __init__(self, filename: PathLike, framework: str = "pt", device: Any = "cpu"):
+        if framework in ("torch", "pytorch"):
+            framework = "pt"
+        if framework in ("numpy",):
+            framework = "np"
+        self._path = os.fspath(filename)
+        self._framework = framework
+        self._device = _buffers.device_name(device)
+        self._metadata, self._tensors = _headers([self._path])
+
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def keys(self) -> List[str]:
+        return sorted(self._tensors)
+
+    def offset_keys(self) -> List[str]:
+        """Names in the order their bytes lie in the file."""
+        return [t.name for t in sorted(self._tensors.values(), key=lambda t: t.begin)]
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        return self._metadata
+
+    def _info(self, name: str) -> _Tensor:
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in {self._path}") from None
+
+    def get_tensor(self, name: str) -> Any:
+        """Reads this one tensor."""
+        return _load([self._path], [self._info(name)], self._device, self._framework, False)[name]
+
+    def get_slice(self, name: str) -> "TensorSlice":
+        """A handle that reads only the rows an index asks for."""
+        return TensorSlice(self, self._info(name))
+
+
+class TensorSlice:
+    """`get_slice(name)`: its shape and dtype without reading, and indexing
+    that reads just the rows (first dimension) the index selects, then
+    applies the rest of the index in memory."""
+
+    def __init__(self, file: safe_open, info: _Tensor):
+        self._file, self._info = file, info
+
+    def get_shape(self) -> List[int]:
+        return list(self._info.shape)
+
+    def get_dtype(self) -> str:
+        return self._info.dtype
+
+    def __getitem__(self, index: Any) -> Any:
+        rest: Tuple[Any, ...] = index if isinstance(index, tuple) else (index,)
+        shape = self._info.shape
+        if not shape:
+            whole = self._file.get_tensor(self._info.name)
+            return whole[index]
+        first, rest = (rest[0], rest[1:]) if rest and rest[0] is not Ellipsis else (slice(None), rest)
+        if isinstance(first, int):
+            row = first + shape[0] if first < 0 else first
+            if not 0 <= row < shape[0]:
+                raise IndexError(f"index {first} is out of range for {shape[0]} rows")
+            start, stop, step, squeeze = row, row + 1, 1, True
+        elif isinstance(first, slice):
+            start, stop, step = first.indices(shape[0])
+            squeeze = False
+        else:
+            raise TypeError("get_slice indexes with ints, slices and Ellipsis")
+        if step < 0:
+            raise ValueError("negative slice steps are not supported")
+        stop = max(start, stop)
+        row_bytes = (self._info.end - self._info.begin) // shape[0] if shape[0] else 0
+        rows = _Tensor(
+            0,
+            self._info.name,
+            self._info.dtype,
+            [stop - start] + list(shape[1:]),
+            self._info.begin + start * row_bytes,
+            self._info.begin + stop * row_bytes,
+        )
+        part = _load([self._file._path], [rows], self._file._device, self._file._framework, False)[rows.name]
+        # The rows read, then the rest of the index on the dimensions after.
+        return part[(0 if squeeze else slice(None, None, step),) + rest]
+
+
+def save_file(
+    tensors: Dict[str, Any],
+    filename: PathLike,
+    metadata: Optional[Dict[str, str]] = None,
+    progress: Progress = False,
+) -> None:
+    """Saves tensors (torch, numpy, or any contiguous buffer) as one
+    safetensors file, as `safetensors.torch.save_file` does; the file is
+    written under a temporary name, made durable and renamed into place
+    before this returns. Tensors on other devices than the one holding most
+    bytes are copied to it first."""
+    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise ValueError("metadata must map str to str")
+    buffers = {name: _buffers.describe(t, writable=False) for name, t in tensors.items()}
+    buffers, device = _one_device(buffers)
+    specs = [(name, b.dtype, list(b.shape), b.addr, b.nbytes) for name, b in buffers.items()]
+    _native.save_safetensors(
+        device, os.fspath(filename), specs, metadata, _buffers.current_stream(device), progress
+    )
+
+
+def _one_device(buffers: Dict[str, "_buffers.Buffer"]) -> Tuple[Dict[str, "_buffers.Buffer"], str]:
+    """Copies buffers off devices other than the one holding most bytes
+    onto it (a save runs on one engine)."""
+    device = _buffers.main_device(buffers.values())
+    return {n: _buffers.moved_to(b, device) for n, b in buffers.items()}, device

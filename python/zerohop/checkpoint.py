@@ -1,0 +1,243 @@
+"""Checkpoints of nested training state (a model's and an optimizer's
+`state_dict()`, or any dict/list/tuple of tensors and plain values):
+tensors go to checksummed data files, plain values and the structure to the
+manifest, and both come back identical.
+
+A save is atomic and durable: the directory appears whole or not at all.
+With `parent=`, chunks unchanged since that checkpoint are referenced, not
+rewritten."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from . import _buffers, _native
+
+PathLike = Union[str, "os.PathLike[str]"]
+Progress = Any
+
+# The manifest metadata key holding the structure.
+STATE_KEY = "zerohop.state"
+
+
+class _Flattener:
+    """Walks a state, collecting its tensors (each storage range once, so
+    tied weights stay tied) and encoding everything else as JSON."""
+
+    def __init__(self, writable: bool = False) -> None:
+        self.writable = writable
+        self.buffers: Dict[str, _buffers.Buffer] = {}
+        self.frameworks: Dict[str, str] = {}
+        self._seen: Dict[Tuple[int, int, str, str, Tuple[int, ...]], str] = {}
+
+    def encode(self, value: Any, path: List[str]) -> Any:
+        if value is None:
+            return {"none": None}
+        if isinstance(value, bool):
+            return {"bool": value}
+        if isinstance(value, int):
+            return {"int": str(value)}
+        if isinstance(value, float):
+            return {"float": value.hex()}
+        if isinstance(value, str):
+            return {"str": value}
+        if isinstance(value, bytes):
+            return {"bytes": base64.b64encode(value).decode()}
+        if isinstance(value, dict):
+            return {"dict": [[self.encode(k, path + ["key"]), self.encode(v, path + [str(k)])] for k, v in value.items()]}
+        if isinstance(value, (list, tuple)):
+            items = [self.encode(v, path + [str(i)]) for i, v in enumerate(value)]
+            return {"list" if isinstance(value, list) else "tuple": items}
+        if _is_tensor(value):
+            return self._tensor(value, path)
+        raise TypeError(f"{'.'.join(path) or 'state'}: cannot checkpoint a {type(value).__name__}")
+
+    def _tensor(self, value: Any, path: List[str]) -> Dict[str, Any]:
+        b = _buffers.describe(value, writable=self.writable)
+        key = (b.addr, b.nbytes, b.device, b.dtype, b.shape)
+        name = self._seen.get(key) if b.nbytes else None
+        if name is None:
+            name = ".".join(path) or "tensor"
+            while name in self.buffers:
+                name += "#"
+            self.buffers[name] = b
+            self.frameworks[name] = "np" if _is_numpy(value) else "pt"
+            self._seen[key] = name
+        return {"tensor": name, "device": b.device, "framework": self.frameworks[name]}
+
+
+def _is_numpy(value: Any) -> bool:
+    np = _buffers.np
+    return np is not None and isinstance(value, np.ndarray)
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = _buffers._torch()
+    return _is_numpy(value) or (torch is not None and isinstance(value, torch.Tensor))
+
+
+def save(
+    state: Any,
+    dir: PathLike,
+    parent: Optional[PathLike] = None,
+    progress: Progress = False,
+) -> Dict[str, Any]:
+    """Saves `state` as a new checkpoint directory `dir` (which must not
+    exist). Returns what the save did: seconds until durable, bytes written
+    (fewer than the total when `parent` let chunks be referenced), and the
+    engine's transfer stats."""
+    flat = _Flattener()
+    skeleton = flat.encode(state, [])
+    device = _buffers.main_device(flat.buffers.values())
+    entries = []
+    for name, b in flat.buffers.items():
+        b = _buffers.moved_to(b, device)
+        flat.buffers[name] = b  # keeps a moved copy alive through the save
+        entries.append((name, b.dtype, list(b.shape), b.addr, b.nbytes))
+    metadata = {STATE_KEY: json.dumps(skeleton, separators=(",", ":"))}
+    stats, seconds, written = _native.checkpoint_save(
+        device,
+        os.fspath(dir),
+        entries,
+        os.fspath(parent) if parent is not None else None,
+        metadata,
+        _buffers.current_stream(device),
+        progress,
+    )
+    return {"seconds": seconds, "written_bytes": written, "stats": json.loads(stats)}
+
+
+def _entries(dir: PathLike) -> Tuple[Any, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]]:
+    metadata, entries = _native.checkpoint_entries(os.fspath(dir))
+    skeleton = json.loads(metadata[STATE_KEY]) if STATE_KEY in metadata else None
+    return skeleton, {name: (dtype, shape, nbytes) for name, dtype, shape, nbytes in entries}
+
+
+def load(
+    dir: PathLike,
+    device: Any = None,
+    progress: Progress = False,
+) -> Any:
+    """Loads a checkpoint into new tensors, allocated by torch (numpy for
+    arrays saved from numpy), with the structure it was saved with.
+    `device=None` puts each tensor where it was saved from; a device puts
+    them all there. Every chunk's checksum is checked on the way."""
+    skeleton, entries = _entries(dir)
+    devices: Dict[str, str] = {}
+    frameworks: Dict[str, str] = {}
+    _tensor_places(skeleton, devices, frameworks)
+    target = _buffers.device_name(device) if device is not None else None
+    tensors: Dict[str, Any] = {}
+    for name, (dtype, shape, nbytes) in entries.items():
+        framework = frameworks.get(name, "pt" if _buffers._torch() is not None else "np")
+        place = target or devices.get(name, "cpu")
+        if framework == "np" and place.startswith("cuda"):
+            framework = "pt"
+        if framework == "np" and place == "sim":
+            place = "cpu"
+        tensors[name] = _buffers.empty(framework, dtype or "U8", shape if shape is not None else [nbytes], place)
+    _restore(dir, {n: _buffers.describe(t, writable=True) for n, t in tensors.items()}, progress)
+    if skeleton is None:  # saved by the CLI or the Rust API: entries by name
+        return tensors
+    return _decode(skeleton, tensors)
+
+
+def _tensor_places(node: Any, devices: Dict[str, str], frameworks: Dict[str, str]) -> None:
+    if not isinstance(node, dict):
+        return
+    if "tensor" in node:
+        devices[node["tensor"]] = node["device"]
+        frameworks[node["tensor"]] = node["framework"]
+        return
+    for items in node.values():
+        if isinstance(items, list):
+            for item in items:
+                for part in item if isinstance(item, list) else [item]:
+                    _tensor_places(part, devices, frameworks)
+
+
+def _decode(node: Any, tensors: Dict[str, Any]) -> Any:
+    if not isinstance(node, dict) or len(node) < 1:
+        raise ValueError("the checkpoint's state structure is malformed")
+    if "tensor" in node:
+        return tensors[node["tensor"]]
+    (kind, value), = node.items()
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return bool(value)
+    if kind == "int":
+        return int(value)
+    if kind == "float":
+        return float.fromhex(value)
+    if kind == "str":
+        return str(value)
+    if kind == "bytes":
+        return base64.b64decode(value)
+    if kind == "list":
+        return [_decode(v, tensors) for v in value]
+    if kind == "tuple":
+        return tuple(_decode(v, tensors) for v in value)
+    if kind == "dict":
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in value}
+    raise ValueError(f"the checkpoint's state structure has an unknown node {kind!r}")
+
+
+def restore_into(state: Any, dir: PathLike, progress: Progress = False) -> None:
+    """Restores a checkpoint in place into the tensors of `state` (a live
+    model's and optimizer's state, say), which must have the structure,
+    shapes and dtypes it was saved with. Plain values in `state` are not
+    changed. Every chunk's checksum is checked; on any mismatch nothing is
+    reported restored and the error names the first bad chunk."""
+    skeleton, entries = _entries(dir)
+    if skeleton is None:
+        raise ValueError(f"{os.fspath(dir)} holds no saved structure: use load()")
+    flat = _Flattener(writable=True)
+    mine = flat.encode(state, [])
+    if _shape_of(mine) != _shape_of(skeleton):
+        raise ValueError("the state's structure differs from the checkpoint's")
+    for name, b in flat.buffers.items():
+        dtype, shape, _ = entries[name]
+        if (dtype, shape) != (b.dtype, list(b.shape)):
+            raise ValueError(
+                f"{name}: the checkpoint holds {dtype} {shape}, the state {b.dtype} {list(b.shape)}"
+            )
+    _restore(dir, flat.buffers, progress)
+
+
+def _shape_of(node: Any) -> Any:
+    """The structure with tensors reduced to their entry names and plain
+    values dropped: what must match for an in-place restore."""
+    if isinstance(node, dict) and "tensor" in node:
+        return node["tensor"]
+    if isinstance(node, dict):
+        (kind, value), = node.items()
+        if kind in ("list", "tuple"):
+            return [kind, [_shape_of(v) for v in value]]
+        if kind == "dict":
+            return ["dict", [[_shape_of(k), _shape_of(v)] for k, v in value]]
+    return None
+
+
+def _restore(dir: PathLike, buffers: Dict[str, "_buffers.Buffer"], progress: Progress) -> None:
+    """Restores entries into `buffers` on the device holding most bytes;
+    the others go through a temporary there and are copied back."""
+    device = _buffers.main_device(buffers.values())
+    staged = {n: _buffers.moved_to(b, device) for n, b in buffers.items()}
+    targets = [(n, b.addr, b.nbytes) for n, b in staged.items()]
+    _native.checkpoint_restore(
+        device, os.fspath(dir), targets, _buffers.current_stream(device), progress
+    )
+    for name, b in staged.items():
+        if b is not buffers[name]:
+            _buffers.as_torch(buffers[name]).copy_(b.owner)
+
+
+def verify(dir: PathLike, progress: Progress = False) -> Tuple[int, int]:
+    """Checks every checksum of a checkpoint on disk (no GPU needed);
+    returns (chunks, bytes) checked, or raises IntegrityError naming the
+    first bad chunk."""
+    return _native.checkpoint_verify(os.fspath(dir), progress)
