@@ -111,3 +111,18 @@ def test_existing_checkpoints_and_unsupported_values(tmp_path):
     with pytest.raises(TypeError, match="a.b"):
         checkpoint.save({"a": {"b": object()}}, tmp_path / "other")
     assert not (tmp_path / "other").exists()
+
+
+def test_a_malformed_structure_is_a_value_error(tmp_path, monkeypatch):
+    """The structure comes from the manifest, which is checksummed; one
+    written by another tool may still be wrong."""
+    checkpoint.save({"a": np.ones(3, np.float32)}, tmp_path / "ck")
+    original = checkpoint._entries
+
+    def tampered(dir):
+        _, entries = original(dir)
+        return {"dict": [[{"str": "a"}, {"tensor": "missing", "device": "cpu", "framework": "np"}]]}, entries
+
+    monkeypatch.setattr(checkpoint, "_entries", tampered)
+    with pytest.raises(ValueError, match="malformed"):
+        checkpoint.load(tmp_path / "ck")

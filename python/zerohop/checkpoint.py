@@ -142,7 +142,10 @@ def load(
     _restore(dir, {n: _buffers.describe(t, writable=True) for n, t in tensors.items()}, progress)
     if skeleton is None:  # saved by the CLI or the Rust API: entries by name
         return tensors
-    return _decode(skeleton, tensors)
+    try:
+        return _decode(skeleton, tensors)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"{os.fspath(dir)}: the saved state structure is malformed ({e!r})") from None
 
 
 def _tensor_places(node: Any, devices: Dict[str, str], frameworks: Dict[str, str]) -> None:
