@@ -5,7 +5,7 @@
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
-# Steps: info, tests, python, hot, cold, sweep, peers, checkpoint, save. The device tool call is:
+# Steps: info, tests, python, hot, cold, sweep, peers, checkpoint, save, agent. The device tool call is:
 #   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
 # (add ".whl" to carry and "peers" to the steps for the peer loaders; fetch
 # their wheels first with bench/fetch-peer-wheels.sh).
@@ -99,6 +99,15 @@ device() {
             for target in /dev/shm /dev/shm /var/tmp; do
                 zerohop bench checkpoint --size "${ZEROHOP_CKPT_GIB:-16}GiB" --dir "$target" | tee -a "$OUT/bench-checkpoint.txt"
             done
+            ;;
+        agent)
+            # The I/O agent: a client process reading the model into its own
+            # GPU memory (IPC handle, non-zero offset, verified) against the
+            # in-process engine, hot and cold; then 32 clients x 10,000 I/Os.
+            ensure_hot; ensure_disk
+            zerohop bench agent $HOT --repeat 3 | tee "$OUT/bench-agent-hot.txt"
+            zerohop bench agent $DISK --cold --repeat 2 | tee "$OUT/bench-agent-cold.txt"
+            zerohop bench agent-stress --clients 32 --ios 10000 --dir /dev/shm/zerohop-stress | tee "$OUT/agent-stress.txt"
             ;;
         python)
             # The Python package's tests, torch and GPU ones included.

@@ -20,6 +20,15 @@ pub enum BenchCommand {
     /// Save device memory as a checkpoint and restore it, against the raw
     /// write and read rates of the same directory.
     Checkpoint(crate::bench_checkpoint::BenchCheckpointArgs),
+    /// Read FILE into this process's memory through the I/O agent (another
+    /// process) against the in-process engine, same run.
+    Agent(crate::bench_agent::BenchAgentArgs),
+    /// Many client processes doing mixed reads and writes through one
+    /// agent; every I/O is checked.
+    AgentStress(crate::bench_agent::BenchAgentStressArgs),
+    /// One client of `agent-stress` (run by it).
+    #[command(hide = true)]
+    AgentClient(crate::bench_agent::AgentClientArgs),
 }
 
 #[derive(Args, Debug)]
@@ -80,6 +89,9 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Load(a) => bench_load(&a),
         BenchCommand::Checkpoint(a) => crate::bench_checkpoint::run(&a),
+        BenchCommand::Agent(a) => crate::bench_agent::bench(&a),
+        BenchCommand::AgentStress(a) => crate::bench_agent::stress(&a),
+        BenchCommand::AgentClient(a) => crate::bench_agent::client(&a),
     }
 }
 

@@ -1,7 +1,9 @@
 //! `zerohop`: move bytes between files and GPU memory at the hardware
 //! limit (loads, checkpoints), and measure it.
 
+mod agent;
 mod bench;
+mod bench_agent;
 mod bench_checkpoint;
 mod checkpoint;
 mod common;
@@ -49,6 +51,8 @@ enum Command {
     /// Benchmarks against the machine's limits.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run the I/O agent that serves other processes (`agent status`: ask one).
+    Agent(agent::AgentArgs),
     /// Generate a demo model and load it (into the GPU, or host memory without one).
     Demo {
         #[arg(long, value_parser = common::parse_size, default_value = "1GiB")]
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
         Command::Checkpoint(cmd) => checkpoint::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Demo { size, dir } => load::demo(size, dir),
+        Command::Agent(args) => agent::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

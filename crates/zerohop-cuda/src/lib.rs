@@ -11,12 +11,14 @@
 mod context;
 mod driver;
 mod error;
+mod ipc;
 mod memory;
 mod stream;
 
 pub use context::Context;
 pub use driver::{DeviceInfo, Driver};
 pub use error::{CudaError, CudaErrorKind};
+pub use ipc::{allocation_range, export_ipc, IpcExport, IpcHandleBytes, IpcMapping};
 pub use memory::{DeviceAllocation, DevicePtr, HostRegistration, PinnedBuffer};
 pub use stream::{synchronize_foreign_stream, Event, Stream};
 

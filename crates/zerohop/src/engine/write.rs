@@ -109,6 +109,7 @@ impl Engine {
         })?;
         let dirs: BTreeSet<&Path> = files
             .iter()
+            .filter(|f| f.syncs_parent())
             .map(|f| crate::storage::atomic::parent_of(f.path()))
             .collect();
         dirs.into_iter().try_for_each(sync_dir)

@@ -58,3 +58,24 @@ impl FilePair {
         }
     }
 }
+
+/// An O_DIRECT descriptor for the file behind `file`, with the same access
+/// mode (never more): reopened through `/proc/self/fd`, because O_DIRECT set
+/// with `fcntl` would change the caller's own descriptor too. `None` where
+/// the file system refuses O_DIRECT.
+pub fn reopen_direct(file: &File) -> Option<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    // SAFETY: F_GETFL on a descriptor we hold has no memory effects.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return None;
+    }
+    let mode = flags & libc::O_ACCMODE;
+    std::fs::OpenOptions::new()
+        .read(mode == libc::O_RDONLY || mode == libc::O_RDWR)
+        .write(mode == libc::O_WRONLY || mode == libc::O_RDWR)
+        .custom_flags(libc::O_DIRECT)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .ok()
+}

@@ -59,6 +59,24 @@ impl SourceFile {
         })
     }
 
+    /// Reads through descriptors someone else opened (the agent's clients
+    /// pass theirs): `buffered` and, where possible, an O_DIRECT twin (see
+    /// [`super::reopen_direct`]). `label` names the file in errors.
+    pub fn from_descriptors(buffered: File, direct: Option<File>, label: &Path) -> Result<Self> {
+        let meta = buffered
+            .metadata()
+            .map_err(|e| Error::io(label, "cannot stat", e))?;
+        if !meta.is_file() {
+            return Err(Error::invalid(format!(
+                "{} is not a regular file",
+                label.display()
+            )));
+        }
+        Ok(SourceFile {
+            fds: FilePair::new(label, buffered, direct, meta.len()),
+        })
+    }
+
     /// Reads at `offset` through the page cache, for header parsing.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.fd_for(IoMode::Buffered)

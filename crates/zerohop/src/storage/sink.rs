@@ -13,6 +13,10 @@ use std::path::Path;
 #[derive(Debug)]
 pub struct SinkFile {
     fds: FilePair,
+    /// Whether a write makes the file's directory entry durable too: yes
+    /// for files zerohop created; no for descriptors a client passed (the
+    /// client made that entry, and its path may mean nothing here).
+    sync_parent: bool,
 }
 
 impl std::ops::Deref for SinkFile {
@@ -58,6 +62,35 @@ impl SinkFile {
         Ok(Self::with_direct(path, buffered, len.max(min_len)))
     }
 
+    /// Writes through descriptors someone else opened (see
+    /// [`SourceFile::from_descriptors`](super::SourceFile::from_descriptors)),
+    /// extending the file to `min_len` if it is shorter.
+    pub fn from_descriptors(
+        buffered: File,
+        direct: Option<File>,
+        label: &Path,
+        min_len: u64,
+    ) -> Result<Self> {
+        let meta = buffered
+            .metadata()
+            .map_err(|e| Error::io(label, "cannot stat", e))?;
+        if !meta.is_file() {
+            return Err(Error::invalid(format!(
+                "{} is not a regular file",
+                label.display()
+            )));
+        }
+        if meta.len() < min_len {
+            buffered
+                .set_len(min_len)
+                .map_err(|e| Error::io(label, "cannot extend", e))?;
+        }
+        Ok(SinkFile {
+            fds: FilePair::new(label, buffered, direct, meta.len().max(min_len)),
+            sync_parent: false,
+        })
+    }
+
     fn with_direct(path: &Path, buffered: File, len: u64) -> Self {
         // Some file systems (older tmpfs, FUSE) refuse O_DIRECT: buffered only.
         let direct = OpenOptions::new()
@@ -67,7 +100,13 @@ impl SinkFile {
             .ok();
         SinkFile {
             fds: FilePair::new(path, buffered, direct, len),
+            sync_parent: true,
         }
+    }
+
+    /// Whether writes also sync the parent directory (see the field).
+    pub fn syncs_parent(&self) -> bool {
+        self.sync_parent
     }
 }
 

@@ -1,0 +1,150 @@
+//! What a client registers: files (its own descriptors) and buffers (host
+//! memfds, or GPU memory by IPC handle), each released when dropped.
+
+use crate::engines::Engines;
+use std::fs::File;
+use std::path::PathBuf;
+use zerohop::storage::{reopen_direct, SinkFile, SourceFile};
+use zerohop::{DeviceBuffer, Error, Result};
+use zerohop_cuda::IpcMapping;
+use zerohop_wire::shm::SharedMemory;
+
+/// A file the client opened and passed; the agent never opens its path.
+pub struct RegisteredFile {
+    file: File,
+    direct: Option<File>,
+    label: PathBuf,
+}
+
+impl RegisteredFile {
+    pub fn new(file: File, label: String) -> Result<Self> {
+        let label = PathBuf::from(label);
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(&label, "cannot stat", e))?;
+        if !meta.is_file() {
+            return Err(Error::invalid(format!(
+                "{}: not a regular file",
+                label.display()
+            )));
+        }
+        Ok(RegisteredFile {
+            direct: reopen_direct(&file),
+            file,
+            label,
+        })
+    }
+
+    fn clones(&self) -> Result<(File, Option<File>)> {
+        let dup = |f: &File| {
+            f.try_clone()
+                .map_err(|e| Error::io(&self.label, "cannot duplicate", e))
+        };
+        Ok((dup(&self.file)?, self.direct.as_ref().map(dup).transpose()?))
+    }
+
+    pub fn source(&self) -> Result<SourceFile> {
+        let (f, d) = self.clones()?;
+        SourceFile::from_descriptors(f, d, &self.label)
+    }
+
+    pub fn sink(&self, min_len: u64) -> Result<SinkFile> {
+        let (f, d) = self.clones()?;
+        SinkFile::from_descriptors(f, d, &self.label, min_len)
+    }
+}
+
+/// Where a buffer's memory is, which decides the engine and route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Memory {
+    /// A memfd: reads land in it directly; writes go through the host engine.
+    Host,
+    /// A memfd standing in for GPU memory: both directions through the
+    /// host engine's staged pipeline (tests of the device route).
+    SimulatedDevice,
+    /// GPU memory of the client, mapped by IPC handle.
+    Cuda,
+}
+
+pub struct Buffer {
+    pub memory: Memory,
+    /// The engine's view of the memory. Declared first: dropped (and, on
+    /// the simulated device, unregistered) before the mapping below.
+    pub data: DeviceBuffer,
+    _shared: Option<SharedMemory>,
+    _ipc: Option<IpcMapping>,
+}
+
+impl Buffer {
+    pub fn len(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    /// A memfd-backed buffer (host memory, or simulated device memory).
+    pub fn shared(engines: &Engines, memfd: File, len: u64, memory: Memory) -> Result<Self> {
+        let shm = SharedMemory::import(memfd, usize::try_from(len).unwrap_or(usize::MAX)).map_err(
+            |e| Error::with_source(zerohop::ErrorKind::InvalidInput, "buffer memfd refused", e),
+        )?;
+        // SAFETY: the mapping lives in `_shared`, which outlives `data`
+        // (field order); the client may write it concurrently, which can
+        // give wrong bytes but never touches memory outside the mapping.
+        let data = unsafe {
+            engines
+                .host
+                .device()
+                .borrow(shm.as_ptr() as u64, shm.len(), None)
+        }?;
+        Ok(Buffer {
+            memory,
+            data,
+            _shared: Some(shm),
+            _ipc: None,
+        })
+    }
+
+    /// GPU memory of the client: `offset..offset+len` of the allocation
+    /// behind `handle`.
+    pub fn cuda_ipc(
+        engines: &Engines,
+        device: u32,
+        handle: &[u8; 64],
+        offset: u64,
+        len: u64,
+    ) -> Result<Self> {
+        let cuda = engines
+            .cuda
+            .as_ref()
+            .filter(|c| c.device.context().ordinal() == device as usize)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "this agent does not serve cuda:{device} ({})",
+                    engines.describe()
+                ))
+            })?;
+        let mapping = IpcMapping::open(cuda.device.context(), handle)?;
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > mapping.len() as u64)
+        {
+            return Err(Error::invalid(format!(
+                "{len} bytes at offset {offset} lie outside the {}-byte allocation",
+                mapping.len()
+            )));
+        }
+        // SAFETY: the range lies inside the mapped allocation (just checked),
+        // which `_ipc` keeps mapped until after `data` is dropped.
+        let data = unsafe {
+            DeviceBuffer::borrowed(
+                mapping.base() + offset,
+                len as usize,
+                cuda.engine.device().kind(),
+            )
+        };
+        Ok(Buffer {
+            memory: Memory::Cuda,
+            data,
+            _shared: None,
+            _ipc: Some(mapping),
+        })
+    }
+}
