@@ -35,6 +35,11 @@ impl RegisteredFile {
         })
     }
 
+    /// The file's current length (it may change: the client can write it).
+    pub fn len(&self) -> u64 {
+        self.file.metadata().map_or(0, |m| m.len())
+    }
+
     fn clones(&self) -> Result<(File, Option<File>)> {
         let dup = |f: &File| {
             f.try_clone()

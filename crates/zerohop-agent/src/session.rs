@@ -82,6 +82,7 @@ impl Session {
     }
 
     /// Serves the client until it leaves, breaks a rule, or the agent stops.
+    /// Everything it registered is released before it leaves the status.
     pub fn serve(mut self) {
         debug!("session {}: pid {} connected", self.id, self.pid);
         let end = self.run();
@@ -96,8 +97,10 @@ impl Session {
                 self.id
             ),
         }
-        self.shared.remove_client(self.id);
-        // Dropping `self` closes IPC mappings, unmaps memfds, closes fds.
+        let (id, shared) = (self.id, self.shared.clone());
+        // Closes IPC mappings, unmaps memfds, closes every descriptor.
+        drop(self);
+        shared.remove_client(id);
     }
 
     fn run(&mut self) -> End {
@@ -168,6 +171,13 @@ impl Session {
             match checked {
                 Err(code) => results[i] = code as i64,
                 Ok(()) if sqe.len == 0 => results[i] = 0,
+                // Reads must lie inside the file (no short reads).
+                Ok(())
+                    if sqe.op == OP_READ
+                        && sqe.file_offset + sqe.len > self.files[&sqe.file_id].len() =>
+                {
+                    results[i] = -libc::EINVAL as i64
+                }
                 Ok(()) => {
                     works.push(Work {
                         sqe: *sqe,
