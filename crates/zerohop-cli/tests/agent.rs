@@ -236,8 +236,9 @@ fn bad_entries_get_error_completions_and_the_session_goes_on() {
     let buf = c.create_host_buffer(8192).unwrap();
     let mut ring = c.create_ring(16).unwrap();
     // (op, file, buffer, file offset, buffer offset, length) -> result
+    type Entry = (u8, u32, u32, u64, u64, u64);
     let b = buf.id();
-    let cases: Vec<((u8, u32, u32, u64, u64, u64), i64)> = vec![
+    let cases: Vec<(Entry, i64)> = vec![
         ((7, file, b, 0, 0, 10), -(libc::EINVAL as i64)),
         ((OP_READ, 999, b, 0, 0, 10), -(libc::EBADF as i64)),
         ((OP_READ, file, 999, 0, 0, 10), -(libc::EBADF as i64)),
@@ -410,7 +411,7 @@ fn a_scribbled_ring_ends_only_that_session() {
     let data = pattern(1 << 20, 3);
     let f = rw_file(&dir.0.join("f"), &data);
     let (bad, good) = (agent.client(), agent.client());
-    let mut bad_ring = bad.create_ring(8).unwrap();
+    let bad_ring = bad.create_ring(8).unwrap();
     let _b = bad.create_host_buffer(4096).unwrap();
     bad_ring.corrupt_tail(1_000_000);
     agent.wait_for_clients(1);
