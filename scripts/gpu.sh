@@ -107,12 +107,13 @@ device() {
             ensure_hot; ensure_disk
             zerohop bench agent $HOT --repeat 3 | tee "$OUT/bench-agent-hot.txt"
             zerohop bench agent $DISK --cold --repeat 2 | tee "$OUT/bench-agent-cold.txt"
+            zerohop bench agent $HOT --repeat 2 --vmm | tee "$OUT/bench-agent-vmm.txt"
             zerohop bench agent-stress --clients 32 --ios 10000 --dir /dev/shm/zerohop-stress | tee "$OUT/agent-stress.txt"
             ;;
         python)
             # The Python package's tests, torch and GPU ones included.
             install_wheels
-            python3 -m pytest -q -rs -p no:cacheprovider python/tests 2>&1 | tee "$OUT/python-tests.txt"
+            ZEROHOP_BIN="$PWD/.stage/bin/zerohop" python3 -m pytest -q -rs -p no:cacheprovider python/tests 2>&1 | tee "$OUT/python-tests.txt"
             ;;
         peers)
             ensure_hot; ensure_disk

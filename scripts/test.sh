@@ -11,5 +11,7 @@ cargo test --workspace
 pip=(python3 -m pip install --quiet --disable-pip-version-check)
 "${pip[@]}" pytest numpy safetensors
 "${pip[@]}" .
-# From outside the checkout, so `import zerohop` is the installed package.
+# From outside the checkout, so `import zerohop` is the installed package;
+# the agent tests run the binary `cargo test` built.
+export ZEROHOP_BIN="$PWD/target/debug/zerohop"
 (cd python/tests && python3 -m pytest -q -rs -p no:cacheprovider .)

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, Dict, Optional, Union
 
-from . import _buffers, _native, checkpoint
+from . import _buffers, _native, agent, checkpoint
 from ._native import IntegrityError
 from ._safetensors import TensorSlice, load_file, safe_open, save_file
 
@@ -21,6 +21,7 @@ __version__ = _native.__version__
 __all__ = [
     "IntegrityError",
     "TensorSlice",
+    "agent",
     "checkpoint",
     "info",
     "load_file",

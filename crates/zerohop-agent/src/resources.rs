@@ -1,12 +1,12 @@
 //! What a client registers: files (its own descriptors) and buffers (host
 //! memfds, or GPU memory by IPC handle), each released when dropped.
 
-use crate::engines::Engines;
+use crate::engines::{CudaEngine, Engines};
 use std::fs::File;
 use std::path::PathBuf;
 use zerohop::storage::{reopen_direct, SinkFile, SourceFile};
 use zerohop::{DeviceBuffer, Error, Result};
-use zerohop_cuda::IpcMapping;
+use zerohop_cuda::{IpcMapping, VmmMapping};
 use zerohop_wire::shm::SharedMemory;
 
 /// A file the client opened and passed; the agent never opens its path.
@@ -77,7 +77,13 @@ pub struct Buffer {
     /// the simulated device, unregistered) before the mapping below.
     pub data: DeviceBuffer,
     _shared: Option<SharedMemory>,
-    _ipc: Option<IpcMapping>,
+    _mapping: Option<DeviceMapping>,
+}
+
+/// Another process's GPU memory mapped into the agent.
+enum DeviceMapping {
+    Ipc(IpcMapping),
+    Vmm(VmmMapping),
 }
 
 impl Buffer {
@@ -103,12 +109,12 @@ impl Buffer {
             memory,
             data,
             _shared: Some(shm),
-            _ipc: None,
+            _mapping: None,
         })
     }
 
     /// GPU memory of the client: `offset..offset+len` of the allocation
-    /// behind `handle`.
+    /// behind an IPC handle.
     pub fn cuda_ipc(
         engines: &Engines,
         device: u32,
@@ -116,40 +122,62 @@ impl Buffer {
         offset: u64,
         len: u64,
     ) -> Result<Self> {
-        let cuda = engines
-            .cuda
-            .as_ref()
-            .filter(|c| c.device.context().ordinal() == device as usize)
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "this agent does not serve cuda:{device} ({})",
-                    engines.describe()
-                ))
-            })?;
+        let cuda = served(engines, device)?;
         let mapping = IpcMapping::open(cuda.device.context(), handle)?;
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > mapping.len() as u64)
-        {
+        Self::device(cuda, DeviceMapping::Ipc(mapping), offset, len)
+    }
+
+    /// GPU memory of the client: `offset..offset+len` of a VMM allocation
+    /// of `allocation_len` bytes exported as a file descriptor.
+    pub fn cuda_vmm(
+        engines: &Engines,
+        device: u32,
+        fd: &File,
+        allocation_len: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Self> {
+        let cuda = served(engines, device)?;
+        let size =
+            usize::try_from(allocation_len).map_err(|_| Error::invalid("allocation too large"))?;
+        let mapping = VmmMapping::import(cuda.device.context(), fd, size)?;
+        Self::device(cuda, DeviceMapping::Vmm(mapping), offset, len)
+    }
+
+    fn device(cuda: &CudaEngine, mapping: DeviceMapping, offset: u64, len: u64) -> Result<Self> {
+        let (base, size) = match &mapping {
+            DeviceMapping::Ipc(m) => (m.base(), m.len()),
+            DeviceMapping::Vmm(m) => (m.base(), m.len()),
+        };
+        if offset.checked_add(len).is_none_or(|end| end > size as u64) {
             return Err(Error::invalid(format!(
-                "{len} bytes at offset {offset} lie outside the {}-byte allocation",
-                mapping.len()
+                "{len} bytes at offset {offset} lie outside the {size}-byte allocation"
             )));
         }
         // SAFETY: the range lies inside the mapped allocation (just checked),
-        // which `_ipc` keeps mapped until after `data` is dropped.
+        // which `_mapping` keeps mapped until after `data` is dropped.
         let data = unsafe {
-            DeviceBuffer::borrowed(
-                mapping.base() + offset,
-                len as usize,
-                cuda.engine.device().kind(),
-            )
+            DeviceBuffer::borrowed(base + offset, len as usize, cuda.engine.device().kind())
         };
         Ok(Buffer {
             memory: Memory::Cuda,
             data,
             _shared: None,
-            _ipc: Some(mapping),
+            _mapping: Some(mapping),
         })
     }
+}
+
+/// The engine of `device`, if this agent serves it.
+fn served(engines: &Engines, device: u32) -> Result<&CudaEngine> {
+    engines
+        .cuda
+        .as_ref()
+        .filter(|c| c.device.context().ordinal() == device as usize)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "this agent does not serve cuda:{device} ({})",
+                engines.describe()
+            ))
+        })
 }

@@ -264,7 +264,8 @@ impl Session {
         let expected_fds = match request {
             Request::RegisterFile
             | Request::RegisterHostBuffer { .. }
-            | Request::RegisterSimulatedDeviceBuffer { .. } => 1,
+            | Request::RegisterSimulatedDeviceBuffer { .. }
+            | Request::RegisterCudaVmm { .. } => 1,
             Request::RegisterRing { .. } => 3,
             _ => 0,
         };
@@ -293,17 +294,31 @@ impl Session {
             Request::RegisterFile => self.add_file(fds.next().expect("counted")),
             Request::DeregisterFile { id } => remove(&mut self.files, id),
             Request::RegisterHostBuffer { len } => {
-                self.add_shared(fds.next().expect("counted"), len, Memory::Host)
+                let fd = fds.next().expect("counted");
+                self.add_buffer(|e| Buffer::shared(e, fd, len, Memory::Host))
             }
             Request::RegisterSimulatedDeviceBuffer { len } => {
-                self.add_shared(fds.next().expect("counted"), len, Memory::SimulatedDevice)
+                let fd = fds.next().expect("counted");
+                self.add_buffer(|e| Buffer::shared(e, fd, len, Memory::SimulatedDevice))
             }
             Request::RegisterCudaIpc {
                 device,
                 handle,
                 offset,
                 len,
-            } => self.add_cuda(device, &handle, offset, len),
+            } => match control::handle_from_hex(&handle) {
+                Some(h) => self.add_buffer(|e| Buffer::cuda_ipc(e, device, &h, offset, len)),
+                None => Err((libc::EINVAL, "malformed IPC handle".to_string())),
+            },
+            Request::RegisterCudaVmm {
+                device,
+                allocation_len,
+                offset,
+                len,
+            } => {
+                let fd = fds.next().expect("counted");
+                self.add_buffer(|e| Buffer::cuda_vmm(e, device, &fd, allocation_len, offset, len))
+            }
             Request::DeregisterBuffer { id } => remove(&mut self.buffers, id),
             Request::RegisterRing { entries } => {
                 let (memfd, submitted, completed) = (fds.next(), fds.next(), fds.next());
@@ -343,30 +358,17 @@ impl Session {
         Ok(Some(id))
     }
 
-    fn add_shared(&mut self, memfd: File, len: u64, memory: Memory) -> Outcome {
+    fn add_buffer(
+        &mut self,
+        make: impl FnOnce(&crate::engines::Engines) -> zerohop::Result<Buffer>,
+    ) -> Outcome {
         if self.buffers.len() >= MAX_BUFFERS {
             return Err((
                 libc::EMFILE,
                 format!("at most {MAX_BUFFERS} buffers per session"),
             ));
         }
-        let b = Buffer::shared(&self.shared.engines, memfd, len, memory).map_err(refused)?;
-        let id = self.take_id();
-        self.buffers.insert(id, b);
-        Ok(Some(id))
-    }
-
-    fn add_cuda(&mut self, device: u32, handle: &str, offset: u64, len: u64) -> Outcome {
-        if self.buffers.len() >= MAX_BUFFERS {
-            return Err((
-                libc::EMFILE,
-                format!("at most {MAX_BUFFERS} buffers per session"),
-            ));
-        }
-        let handle = control::handle_from_hex(handle)
-            .ok_or((libc::EINVAL, "malformed IPC handle".to_string()))?;
-        let b = Buffer::cuda_ipc(&self.shared.engines, device, &handle, offset, len)
-            .map_err(refused)?;
+        let b = make(&self.shared.engines).map_err(refused)?;
         let id = self.take_id();
         self.buffers.insert(id, b);
         Ok(Some(id))

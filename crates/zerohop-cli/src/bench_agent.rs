@@ -31,6 +31,10 @@ pub struct BenchAgentArgs {
     /// Bytes per submitted read.
     #[arg(long, value_parser = parse_size, default_value = "64MiB")]
     pub chunk: u64,
+    /// Allocate the GPU memory with cuMemCreate (VMM, shared with the agent
+    /// by file descriptor) instead of cuMemAlloc (shared by IPC handle).
+    #[arg(long)]
+    pub vmm: bool,
 }
 
 #[derive(Args, Debug)]
@@ -151,15 +155,35 @@ pub fn bench(a: &BenchAgentArgs) -> Result<()> {
             ..EngineConfig::default()
         },
     )?;
-    println!("device   {}", device.describe());
+    println!(
+        "device   {}{}",
+        device.describe(),
+        if a.vmm {
+            ", memory from cuMemCreate (VMM, shared by file descriptor)"
+        } else {
+            ""
+        }
+    );
     println!("file     {} ({})", a.file.display(), gib(size));
     let client = Client::connect(&agent.socket).map_err(io_err("cannot connect to the agent"))?;
     // The registered buffer starts 1 MiB + 256 bytes into its allocation,
     // as a tensor from a caching allocator would.
     const OFFSET: u64 = (1 << 20) + 256;
+    let mut vmm = None;
     let (alloc, buf_id, host_buf) = match device.kind() {
         DeviceKind::Cuda(n) => {
-            let alloc = device.alloc((size + OFFSET) as usize)?;
+            let alloc = if a.vmm {
+                let ctx = zerohop_cuda::Context::new(n)?;
+                let v = vmm.insert(zerohop_cuda::VmmAllocation::new(
+                    &ctx,
+                    (size + OFFSET) as usize,
+                )?);
+                // SAFETY: `vmm` keeps the allocation mapped until this
+                // function returns, after every use of the buffer.
+                unsafe { DeviceBuffer::borrowed(v.ptr(), v.len(), device.kind()) }
+            } else {
+                device.alloc((size + OFFSET) as usize)?
+            };
             let id = client
                 .register_device_buffer(n as u32, alloc.addr() + OFFSET, size)
                 .map_err(io_err("cannot register GPU memory with the agent"))?;
@@ -250,6 +274,7 @@ pub fn bench(a: &BenchAgentArgs) -> Result<()> {
     );
     drop(ring);
     drop(client);
+    drop(vmm);
     agent.stop()
 }
 

@@ -151,27 +151,54 @@ impl Client {
 
     /// Registers `len` bytes of this process's GPU memory at `ptr` on
     /// `device` (e.g. a tensor's `data_ptr()`, anywhere inside an
-    /// allocation). The caller keeps the memory allocated while registered,
-    /// and finishes its own GPU work on it before submitting I/O.
+    /// allocation): by IPC handle for `cuMemAlloc` memory, else by file
+    /// descriptor for VMM memory (`cuMemCreate` with the POSIX descriptor
+    /// handle type, as PyTorch's expandable segments can be). The caller
+    /// keeps the memory allocated while registered, and finishes its own GPU
+    /// work on it before submitting I/O.
     pub fn register_device_buffer(&self, device: u32, ptr: u64, len: u64) -> io::Result<u32> {
         let fail = |e: zerohop_cuda::CudaError| io::Error::other(e.to_string());
         let ctx = zerohop_cuda::Context::new(device as usize).map_err(fail)?;
-        let export = zerohop_cuda::export_ipc(&ctx, ptr).map_err(fail)?;
-        if export.offset + len > export.allocation_len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "the buffer runs past the end of its allocation",
-            ));
+        let inside = |offset: u64, allocation_len: u64| {
+            if offset
+                .checked_add(len)
+                .is_none_or(|end| end > allocation_len)
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the buffer runs past the end of its allocation",
+                ));
+            }
+            Ok(())
+        };
+        match zerohop_cuda::export_ipc(&ctx, ptr) {
+            Ok(export) => {
+                inside(export.offset, export.allocation_len)?;
+                let handle = control::handle_to_hex(&export.handle);
+                let request = Request::RegisterCudaIpc {
+                    device,
+                    handle,
+                    offset: export.offset,
+                    len,
+                };
+                self.id(&request, &[])
+            }
+            Err(ipc) => {
+                let export = zerohop_cuda::export_vmm(&ctx, ptr).map_err(|vmm| {
+                    io::Error::other(format!(
+                        "neither an IPC handle ({ipc}) nor a VMM descriptor ({vmm})"
+                    ))
+                })?;
+                inside(export.offset, export.allocation_len)?;
+                let request = Request::RegisterCudaVmm {
+                    device,
+                    allocation_len: export.allocation_len,
+                    offset: export.offset,
+                    len,
+                };
+                self.id(&request, &[&export.fd])
+            }
         }
-        self.id(
-            &Request::RegisterCudaIpc {
-                device,
-                handle: control::handle_to_hex(&export.handle),
-                offset: export.offset,
-                len,
-            },
-            &[],
-        )
     }
 
     pub fn deregister_buffer(&self, id: u32) -> io::Result<()> {

@@ -7,6 +7,7 @@
 //! buffer of the named device that it keeps alive for the call.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod agent;
 mod checkpoint;
 mod engines;
 mod errors;
@@ -30,6 +31,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_entries, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_restore, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_verify, m)?)?;
+    m.add_class::<agent::AgentClient>()?;
+    m.add_class::<agent::AgentHostBuffer>()?;
+    m.add_class::<agent::AgentRing>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -37,6 +37,15 @@ pub enum Request {
         offset: u64,
         len: u64,
     },
+    /// One descriptor: a VMM allocation (`cuMemCreate`, exported as a POSIX
+    /// file descriptor) of `allocation_len` bytes; the buffer is `len` bytes
+    /// at `offset` in it.
+    RegisterCudaVmm {
+        device: u32,
+        allocation_len: u64,
+        offset: u64,
+        len: u64,
+    },
     /// One descriptor: a sealed memfd standing in for GPU memory on the
     /// agent's simulated device (tests without a GPU).
     RegisterSimulatedDeviceBuffer {
