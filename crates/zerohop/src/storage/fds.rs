@@ -79,3 +79,18 @@ pub fn reopen_direct(file: &File) -> Option<File> {
         .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .ok()
 }
+
+/// The length of `file`, which must be a regular file (`label` names it in
+/// errors).
+pub(crate) fn regular_file_len(file: &File, label: &Path) -> crate::Result<u64> {
+    let meta = file
+        .metadata()
+        .map_err(|e| crate::Error::io(label, "cannot stat", e))?;
+    if !meta.is_file() {
+        return Err(crate::Error::invalid(format!(
+            "{} is not a regular file",
+            label.display()
+        )));
+    }
+    Ok(meta.len())
+}

@@ -63,17 +63,9 @@ impl SourceFile {
     /// pass theirs): `buffered` and, where possible, an O_DIRECT twin (see
     /// [`super::reopen_direct`]). `label` names the file in errors.
     pub fn from_descriptors(buffered: File, direct: Option<File>, label: &Path) -> Result<Self> {
-        let meta = buffered
-            .metadata()
-            .map_err(|e| Error::io(label, "cannot stat", e))?;
-        if !meta.is_file() {
-            return Err(Error::invalid(format!(
-                "{} is not a regular file",
-                label.display()
-            )));
-        }
+        let len = super::fds::regular_file_len(&buffered, label)?;
         Ok(SourceFile {
-            fds: FilePair::new(label, buffered, direct, meta.len()),
+            fds: FilePair::new(label, buffered, direct, len),
         })
     }
 

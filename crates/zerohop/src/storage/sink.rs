@@ -71,22 +71,14 @@ impl SinkFile {
         label: &Path,
         min_len: u64,
     ) -> Result<Self> {
-        let meta = buffered
-            .metadata()
-            .map_err(|e| Error::io(label, "cannot stat", e))?;
-        if !meta.is_file() {
-            return Err(Error::invalid(format!(
-                "{} is not a regular file",
-                label.display()
-            )));
-        }
-        if meta.len() < min_len {
+        let len = super::fds::regular_file_len(&buffered, label)?;
+        if len < min_len {
             buffered
                 .set_len(min_len)
                 .map_err(|e| Error::io(label, "cannot extend", e))?;
         }
         Ok(SinkFile {
-            fds: FilePair::new(label, buffered, direct, meta.len().max(min_len)),
+            fds: FilePair::new(label, buffered, direct, len.max(min_len)),
             sync_parent: false,
         })
     }
