@@ -5,7 +5,17 @@
 use std::sync::Arc;
 use zerohop::device::{CudaDevice, SimConfig, SimDevice};
 use zerohop::staging::StagingConfig;
-use zerohop::{Device, Engine, EngineConfig, Error, Result};
+use zerohop::{Device, Engine, EngineConfig, Error, HotRoute, Result};
+
+/// Clients own their files and may truncate them at any time: the agent
+/// never maps one (a page gone from a mapping is SIGBUS for the whole
+/// agent), so hot files take the staged route (read() into staging).
+fn agent_config() -> EngineConfig {
+    EngineConfig {
+        hot_route: HotRoute::Staged,
+        ..EngineConfig::default()
+    }
+}
 
 pub struct CudaEngine {
     pub device: Arc<CudaDevice>,
@@ -25,7 +35,7 @@ impl Engines {
                 total_bytes: 32 << 20,
                 slot_bytes: 4 << 20,
             },
-            ..EngineConfig::default()
+            ..agent_config()
         };
         let host = Engine::new(Arc::new(SimDevice::new(SimConfig::default())), host_config)?;
         let ordinal = match device {
@@ -44,11 +54,7 @@ impl Engines {
             None => None,
             Some(n) => {
                 let device = Arc::new(CudaDevice::open(n)?);
-                let config = EngineConfig {
-                    hot_choice_file: zerohop::hot_choice::default_file(),
-                    ..EngineConfig::default()
-                };
-                let engine = Engine::new(device.clone() as Arc<dyn Device>, config)?;
+                let engine = Engine::new(device.clone() as Arc<dyn Device>, agent_config())?;
                 Some(CudaEngine { device, engine })
             }
         };

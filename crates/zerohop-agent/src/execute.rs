@@ -20,8 +20,6 @@ pub struct Work<'a> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Route {
-    /// Storage straight into a host memfd.
-    ReadToHost,
     Read(Memory),
     Write(Memory),
 }
@@ -30,10 +28,9 @@ enum Route {
 pub fn run(engines: &Engines, works: &[Work<'_>]) -> Vec<i64> {
     let mut groups: HashMap<Route, Vec<usize>> = HashMap::new();
     for (i, w) in works.iter().enumerate() {
-        let route = match (w.sqe.op, w.buf.memory) {
-            (OP_READ, Memory::Host) => Route::ReadToHost,
-            (OP_READ, m) => Route::Read(m),
-            (_, m) => Route::Write(m),
+        let route = match w.sqe.op {
+            OP_READ => Route::Read(w.buf.memory),
+            _ => Route::Write(w.buf.memory),
         };
         groups.entry(route).or_default().push(i);
     }
@@ -91,35 +88,6 @@ fn distinct_files<'a>(batch: &[&Work<'a>]) -> (Vec<&'a RegisteredFile>, Vec<usiz
 fn run_group(engines: &Engines, route: Route, batch: &[&Work<'_>]) -> Result<()> {
     let (files, index) = distinct_files(batch);
     match route {
-        Route::ReadToHost => {
-            let sources = files
-                .iter()
-                .map(|f| f.source())
-                .collect::<Result<Vec<_>>>()?;
-            let mut ranges: Vec<(u64, u64)> = batch
-                .iter()
-                .map(|w| (w.buf.data.addr() + w.sqe.buf_offset, w.sqe.len))
-                .collect();
-            ranges.sort_unstable();
-            if ranges.windows(2).any(|p| p[0].0 + p[0].1 > p[1].0) {
-                return Err(Error::invalid("destinations overlap"));
-            }
-            let pieces = batch
-                .iter()
-                .zip(&index)
-                .map(|(w, &f)| {
-                    let at = (w.buf.data.addr() + w.sqe.buf_offset) as *mut u8;
-                    // SAFETY: inside the registered mapping (checked against
-                    // its length before the work was made), alive for this
-                    // call, and disjoint from the other pieces (just
-                    // checked). The client may touch it too; that can only
-                    // change bytes in its own memory.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(at, w.sqe.len as usize) };
-                    (&sources[f], w.sqe.file_offset, dst)
-                })
-                .collect();
-            engines.host.read_many_to_host(pieces).map(drop)
-        }
         Route::Read(memory) => {
             let engine = engine_for(engines, memory)?;
             let sources = files

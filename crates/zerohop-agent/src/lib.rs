@@ -22,6 +22,7 @@ mod logger;
 mod resources;
 mod session;
 mod shared;
+mod wakeups;
 
 pub use logger::init_logging;
 
@@ -62,8 +63,11 @@ pub fn run(config: &AgentConfig) -> zerohop::Result<()> {
     let signals = block_stop_signals().map_err(|e| {
         zerohop::Error::with_source(zerohop::ErrorKind::Io, "cannot set up signal handling", e)
     })?;
-    let engines = engines::Engines::open(&config.device)?;
+    // Bound before the engines start any thread (`listen` sets the umask).
     let listener = bind(&config.socket, config.group_access)?;
+    let engines = engines::Engines::open(&config.device).inspect_err(|_| {
+        let _ = std::fs::remove_file(&config.socket);
+    })?;
     let shared = Arc::new(
         shared::Shared::new(engines)
             .map_err(|e| zerohop::Error::io(&config.socket, "cannot start", e))?,
@@ -133,14 +137,17 @@ pub fn run(config: &AgentConfig) -> zerohop::Result<()> {
 /// never a live agent's.
 fn bind(path: &Path, group_access: bool) -> zerohop::Result<OwnedFd> {
     if path.exists() {
-        if socket::connect(path).is_ok() {
-            return Err(zerohop::Error::new(
-                zerohop::ErrorKind::AlreadyExists,
-                format!("an agent is already serving {}", path.display()),
-            ));
+        match socket::connect(path) {
+            // Only a socket nobody listens on is stale.
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => std::fs::remove_file(path)
+                .map_err(|e| zerohop::Error::io(path, "cannot remove the stale socket", e))?,
+            _ => {
+                return Err(zerohop::Error::new(
+                    zerohop::ErrorKind::AlreadyExists,
+                    format!("an agent is already serving {}", path.display()),
+                ))
+            }
         }
-        std::fs::remove_file(path)
-            .map_err(|e| zerohop::Error::io(path, "cannot remove the stale socket", e))?;
     }
     let mode = if group_access { 0o660 } else { 0o600 };
     socket::listen(path, mode).map_err(|e| zerohop::Error::io(path, "cannot listen on", e))

@@ -19,6 +19,16 @@ pub struct RegisteredFile {
 impl RegisteredFile {
     pub fn new(file: File, label: String) -> Result<Self> {
         let label = PathBuf::from(label);
+        // SAFETY: F_GETFL on a descriptor we hold has no memory effects.
+        let flags = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_GETFL) };
+        // An O_PATH descriptor grants no I/O; reopening it (for O_DIRECT)
+        // would read with the agent's rights instead of the client's.
+        if flags < 0 || flags & libc::O_PATH != 0 {
+            return Err(Error::invalid(format!(
+                "{}: an O_PATH descriptor cannot be read or written",
+                label.display()
+            )));
+        }
         let meta = file
             .metadata()
             .map_err(|e| Error::io(&label, "cannot stat", e))?;
@@ -62,10 +72,12 @@ impl RegisteredFile {
 /// Where a buffer's memory is, which decides the engine and route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Memory {
-    /// A memfd: reads land in it directly; writes go through the host engine.
+    /// A memfd, moved through the host engine (the simulated device, whose
+    /// copies write the client's memory through raw pointers only: the
+    /// client may touch it at the same time).
     Host,
-    /// A memfd standing in for GPU memory: both directions through the
-    /// host engine's staged pipeline (tests of the device route).
+    /// A memfd standing in for GPU memory (tests of the device route): the
+    /// same engine; listed as device memory in the status.
     SimulatedDevice,
     /// GPU memory of the client, mapped by IPC handle.
     Cuda,

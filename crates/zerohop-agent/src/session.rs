@@ -19,20 +19,25 @@ use zerohop_wire::ring::{self, CompletionEntry, Ring, RingCorrupt, OP_READ};
 use zerohop_wire::shm::SharedMemory;
 use zerohop_wire::socket;
 
+use crate::wakeups::Wakeups;
+
 /// Limits per session.
 const MAX_FILES: usize = 4096;
 const MAX_BUFFERS: usize = 4096;
 const MAX_RINGS: usize = 64;
+/// What woke a session.
+const SOCKET: u64 = 0;
+const STOP: u64 = 1;
+const RING: u64 = 2;
+
 /// How long a stopping agent waits for a client to make room for its last
 /// completions.
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
 
 struct RingState {
     ring: Ring,
-    /// The client writes it after submitting.
-    submitted: File,
-    /// The agent writes it after completing.
-    completed: File,
+    /// The client writes it after submitting; watched, never read.
+    _submitted: File,
     /// Completions waiting for room in the ring; while any wait, no new
     /// submissions are taken (so a client that never reaps is bounded).
     waiting: VecDeque<CompletionEntry>,
@@ -46,6 +51,7 @@ pub struct Session {
     files: BTreeMap<u32, RegisteredFile>,
     buffers: BTreeMap<u32, Buffer>,
     rings: BTreeMap<u32, RingState>,
+    wakeups: Option<Wakeups>,
     next_id: u32,
     /// Set by a valid hello; until then the connection may only ask for
     /// status, and is not listed as a client.
@@ -64,7 +70,7 @@ enum End {
 
 impl Session {
     pub fn new(id: u64, socket: OwnedFd, shared: Arc<Shared>) -> Self {
-        let pid = socket::peer_pid(&socket).unwrap_or(0);
+        let pid = socket::peer(&socket).map_or(0, |(pid, _)| pid);
         Session {
             id,
             pid,
@@ -73,6 +79,7 @@ impl Session {
             files: BTreeMap::new(),
             buffers: BTreeMap::new(),
             rings: BTreeMap::new(),
+            wakeups: None,
             next_id: 1,
             greeted: false,
             bytes: 0,
@@ -85,6 +92,8 @@ impl Session {
     /// Everything it registered is released before it leaves the status.
     pub fn serve(mut self) {
         debug!("session {}: pid {} connected", self.id, self.pid);
+        // Leaves the status even if this thread panics.
+        let _listed = Listed(self.id, self.shared.clone());
         let end = self.run();
         match &end {
             End::Goodbye => info!(
@@ -97,30 +106,39 @@ impl Session {
                 self.id
             ),
         }
-        let (id, shared) = (self.id, self.shared.clone());
-        // Closes IPC mappings, unmaps memfds, closes every descriptor.
+        // Closes IPC mappings, unmaps memfds, closes every descriptor;
+        // then `_listed` takes the client off the status.
         drop(self);
-        shared.remove_client(id);
     }
 
     fn run(&mut self) -> End {
+        let wakeups = Wakeups::new().and_then(|w| {
+            w.watch(&self.socket, SOCKET, false)?;
+            w.watch(&self.shared.shutdown, STOP, false)?;
+            Ok(w)
+        });
+        match wakeups {
+            Ok(w) => self.wakeups = Some(w),
+            Err(e) => return End::Broken(format!("cannot wait for the client: {e}")),
+        }
         loop {
             let stopping = self.shared.stopping.load(Ordering::SeqCst);
             let waiting = self.rings.values().any(|r| !r.waiting.is_empty());
-            let mut fds: Vec<&dyn AsRawFd> = vec![&self.socket, &self.shared.shutdown];
-            fds.extend(self.rings.values().map(|r| &r.submitted as &dyn AsRawFd));
             let timeout = if waiting || stopping { 1 } else { 1000 };
-            let ready = match socket::wait_readable(&fds, timeout) {
+            let ready = match self.wakeups.as_ref().expect("set above").wait(timeout) {
                 Ok(r) => r,
-                Err(e) => return End::Broken(format!("poll failed: {e}")),
+                Err(e) => return End::Broken(format!("epoll failed: {e}")),
             };
-            if ready[0] {
+            if ready.contains(&SOCKET) {
                 match control::recv(&self.socket) {
                     Ok(None) => return End::Goodbye,
                     Ok(Some((bytes, fds))) => {
                         let reply = self.handle(&bytes, fds);
-                        if control::send(&self.socket, &control::encode(&reply), &[]).is_err() {
-                            return End::Goodbye;
+                        // Never blocks: a client that stops reading its
+                        // replies loses its session instead.
+                        if let Err(e) = control::send_nowait(&self.socket, &control::encode(&reply))
+                        {
+                            return End::Broken(format!("cannot reply: {e}"));
                         }
                     }
                     Err(e) => return End::Broken(format!("control message refused: {e}")),
@@ -140,7 +158,6 @@ impl Session {
         let ids: Vec<u32> = self.rings.keys().copied().collect();
         for id in ids {
             let state = self.rings.get_mut(&id).expect("listed");
-            socket::drain(&state.submitted);
             flush(state)?;
             if !state.waiting.is_empty() {
                 continue;
@@ -266,7 +283,7 @@ impl Session {
             | Request::RegisterHostBuffer { .. }
             | Request::RegisterSimulatedDeviceBuffer { .. }
             | Request::RegisterCudaVmm { .. } => 1,
-            Request::RegisterRing { .. } => 3,
+            Request::RegisterRing { .. } => 2,
             _ => 0,
         };
         if fds.len() != expected_fds {
@@ -321,12 +338,11 @@ impl Session {
             }
             Request::DeregisterBuffer { id } => remove(&mut self.buffers, id),
             Request::RegisterRing { entries } => {
-                let (memfd, submitted, completed) = (fds.next(), fds.next(), fds.next());
+                let (memfd, submitted) = (fds.next(), fds.next());
                 self.add_ring(
                     entries,
                     memfd.expect("counted"),
                     submitted.expect("counted"),
-                    completed.expect("counted"),
                 )
             }
             Request::DeregisterRing { id } => remove(&mut self.rings, id),
@@ -374,7 +390,7 @@ impl Session {
         Ok(Some(id))
     }
 
-    fn add_ring(&mut self, entries: u32, memfd: File, submitted: File, completed: File) -> Outcome {
+    fn add_ring(&mut self, entries: u32, memfd: File, submitted: File) -> Outcome {
         if self.rings.len() >= MAX_RINGS {
             return Err((
                 libc::EMFILE,
@@ -390,21 +406,26 @@ impl Session {
                 ),
             ));
         }
-        for efd in [&submitted, &completed] {
-            if !is_eventfd(efd) {
-                return Err((libc::EINVAL, "ring wake-ups must be eventfds".into()));
-            }
+        if !is_eventfd(&submitted) {
+            return Err((libc::EINVAL, "the ring's wake-up must be an eventfd".into()));
         }
         let mem = SharedMemory::import(memfd, ring::ring_bytes(entries))
             .map_err(|e| (libc::EINVAL, e.to_string()))?;
         let ring = Ring::attach(mem, entries).map_err(|RingCorrupt(why)| (libc::EINVAL, why))?;
+        if let Some(w) = &self.wakeups {
+            w.watch(&submitted, RING, true).map_err(|e| {
+                (
+                    libc::EINVAL,
+                    format!("cannot watch the ring's eventfd: {e}"),
+                )
+            })?;
+        }
         let id = self.take_id();
         self.rings.insert(
             id,
             RingState {
                 ring,
-                submitted,
-                completed,
+                _submitted: submitted,
                 waiting: VecDeque::new(),
             },
         );
@@ -432,6 +453,15 @@ impl Session {
 
 type Outcome = Result<Option<u32>, (i32, String)>;
 
+/// Removes a session from the status when dropped.
+struct Listed(u64, Arc<Shared>);
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        self.1.remove_client(self.0);
+    }
+}
+
 fn error(code: i32, message: impl Into<String>) -> Reply {
     Reply::Error {
         code,
@@ -457,7 +487,7 @@ fn flush(state: &mut RingState) -> Result<(), RingCorrupt> {
         state.ring.push_completion(&cqe);
     }
     if n > 0 {
-        socket::signal(&state.completed);
+        state.ring.wake_completions();
     }
     Ok(())
 }

@@ -42,11 +42,17 @@ impl Shared {
     }
 
     pub fn update_client(&self, status: ClientStatus) {
-        self.clients.lock().unwrap().insert(status.session, status);
+        self.clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(status.session, status);
     }
 
     pub fn remove_client(&self, session: u64) {
-        self.clients.lock().unwrap().remove(&session);
+        self.clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&session);
     }
 
     pub fn status(&self) -> AgentStatus {
@@ -54,7 +60,13 @@ impl Shared {
         AgentStatus {
             pid: std::process::id(),
             device: self.engines.describe(),
-            clients: self.clients.lock().unwrap().values().cloned().collect(),
+            clients: self
+                .clients
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .cloned()
+                .collect(),
             sessions_total: load(&self.sessions_total),
             bytes_read: load(&self.bytes_read),
             bytes_written: load(&self.bytes_written),

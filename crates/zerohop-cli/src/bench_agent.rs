@@ -261,7 +261,8 @@ pub fn bench(a: &BenchAgentArgs) -> Result<()> {
     }
     let view = match (&alloc, &host_buf) {
         (Some(x), _) => Verify::Device(device.as_ref(), x, OFFSET),
-        (None, Some(h)) => Verify::Host(h.as_slice()),
+        // SAFETY: every I/O on the buffer has completed.
+        (None, Some(h)) => Verify::Host(unsafe { h.as_slice() }),
         _ => unreachable!("one of the two exists"),
     };
     let checked = verify_samples(&a.file, size, view)?;
@@ -468,7 +469,9 @@ impl ClientBuffer {
     fn put(&mut self, at: u64, bytes: &[u8]) -> Result<()> {
         match self {
             ClientBuffer::Shared(b) => {
-                b.as_mut_slice()[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
+                // SAFETY: called between batches: no I/O on the buffer in flight.
+                let all = unsafe { b.as_mut_slice() };
+                all[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
                 Ok(())
             }
             ClientBuffer::Device(d, buf, _) => d.write_from_host(buf, at as usize, bytes),
@@ -477,7 +480,10 @@ impl ClientBuffer {
 
     fn get(&self, at: u64, len: u64) -> Result<Vec<u8>> {
         match self {
-            ClientBuffer::Shared(b) => Ok(b.as_slice()[at as usize..(at + len) as usize].to_vec()),
+            // SAFETY: called between batches: no I/O on the buffer in flight.
+            ClientBuffer::Shared(b) => {
+                Ok(unsafe { b.as_slice() }[at as usize..(at + len) as usize].to_vec())
+            }
             ClientBuffer::Device(d, buf, _) => {
                 let mut out = vec![0u8; len as usize];
                 d.read_back(buf, at as usize, &mut out)?;

@@ -107,6 +107,8 @@ impl Drop for TempDir {
     }
 }
 
+// The tests read client buffers only after their I/O completed, which is
+// what `HostBuffer::as_slice` asks (its `unsafe` blocks below rely on it).
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| {
@@ -182,8 +184,8 @@ fn host_and_simulated_device_buffers_round_trip() {
             assert_eq!(c.result, len as i64, "entry {}", c.user_data);
         }
     }
-    assert_eq!(host.as_slice(), &data[..]);
-    assert_eq!(sim.as_slice(), &data[..]);
+    assert_eq!(unsafe { host.as_slice() }, &data[..]);
+    assert_eq!(unsafe { sim.as_slice() }, &data[..]);
     assert_eq!(std::fs::read(dir.0.join("dst")).unwrap(), data);
     let st = agent.client_status();
     assert_eq!(
@@ -268,7 +270,10 @@ fn bad_entries_get_error_completions_and_the_session_goes_on() {
             c.user_data
         );
     }
-    assert_eq!(&buf.as_slice()[..4096], &pattern(10_000, 2)[..4096]);
+    assert_eq!(
+        &unsafe { buf.as_slice() }[..4096],
+        &pattern(10_000, 2)[..4096]
+    );
     assert!(agent.client_status()[0].errors >= 8);
 }
 
@@ -382,7 +387,21 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
         )),
         libc::EBADF
     );
-    // A directory is not a file to read.
+    // An O_PATH descriptor grants no I/O (reopening it would use the
+    // agent's rights), and a directory is not a file to read.
+    let path_only = {
+        use std::os::unix::fs::OpenOptionsExt;
+        File::options()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(dir.0.join("plain"))
+            .unwrap()
+    };
+    let reg = control::encode(&Request::RegisterFile);
+    assert_eq!(
+        code(exchange(&conn, &reg, &[path_only.as_raw_fd()])),
+        libc::EINVAL
+    );
     let d = File::open(&dir.0).unwrap();
     assert_eq!(
         code(exchange(
@@ -411,11 +430,17 @@ fn a_scribbled_ring_ends_only_that_session() {
     let data = pattern(1 << 20, 3);
     let f = rw_file(&dir.0.join("f"), &data);
     let (bad, good) = (agent.client(), agent.client());
-    let bad_ring = bad.create_ring(8).unwrap();
+    let mut bad_ring = bad.create_ring(8).unwrap();
     let _b = bad.create_host_buffer(4096).unwrap();
     bad_ring.corrupt_tail(1_000_000);
     agent.wait_for_clients(1);
     assert!(bad.status().is_err(), "the broken session is closed");
+    let waited = bad_ring.wait(1, Some(Duration::from_secs(10))).unwrap_err();
+    assert_eq!(
+        waited.kind(),
+        std::io::ErrorKind::ConnectionAborted,
+        "{waited}"
+    );
     let file = good.register_file(&f).unwrap();
     let buf = good.create_host_buffer(data.len()).unwrap();
     let mut ring = good.create_ring(8).unwrap();
@@ -426,7 +451,7 @@ fn a_scribbled_ring_ends_only_that_session() {
         ring.wait(1, Some(Duration::from_secs(20))).unwrap()[0].result,
         data.len() as i64
     );
-    assert_eq!(buf.as_slice(), &data[..]);
+    assert_eq!(unsafe { buf.as_slice() }, &data[..]);
 }
 
 fn fd_count(pid: u32) -> usize {
@@ -583,7 +608,7 @@ fn sigterm_completes_submitted_io_then_exits() {
     let done = ring.wait(32, Some(Duration::from_secs(30))).unwrap();
     assert_eq!(done.len(), 32, "every submitted I/O completed");
     assert!(done.iter().all(|c| c.result == 1 << 20));
-    assert_eq!(buf.as_slice(), &data[..]);
+    assert_eq!(unsafe { buf.as_slice() }, &data[..]);
     let status = agent.child.wait().unwrap();
     assert!(status.success(), "{status}");
     assert!(!agent.socket.exists(), "socket removed");

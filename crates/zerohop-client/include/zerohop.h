@@ -14,8 +14,10 @@
  *
  * Every function returns 0 (or a count) on success and a negative errno on
  * failure. Completions carry the whole length or a negative errno: EBADF
- * (unregistered fd or buffer), EFAULT (outside the buffer), EINVAL,
- * E2BIG (over 1 GiB), EIO, ENOSPC, ESHUTDOWN.
+ * (unregistered fd or buffer), EFAULT (outside the buffer), EINVAL (bad
+ * entry, or a read past the end of the file), E2BIG (over 1 GiB), EIO,
+ * ENOSPC. zh_wait_for_ios returns -ESHUTDOWN once the agent has closed the
+ * session (it stopped, or the client broke the ring's rules).
  *
  * Entries submitted together run in any order (as io_uring without links);
  * writes are durable (fsync) when they complete. A client's registrations
@@ -66,12 +68,13 @@ int zh_iov_wrap_device(zh_client *client, zh_iov *iov, void *ptr, uint64_t size,
 void zh_iov_destroy(zh_client *client, zh_iov *iov);
 
 /* Registers a descriptor this process opened (the agent uses the
- * descriptor, never a path). */
+ * descriptor, never a path); -EEXIST if it is registered already. */
 int zh_reg_fd(zh_client *client, int fd);
 int zh_dereg_fd(zh_client *client, int fd);
 
 /* A ring of `entries` (a power of two up to 4096). The client must outlive it. */
 int zh_ior_create(zh_client *client, zh_ior **out, int entries);
+/* Deregisters and frees a ring with no I/O in flight. */
 void zh_ior_destroy(zh_ior *ior);
 
 /* Prepares one I/O: `len` bytes between `ptr` (inside iov) and offset `off`

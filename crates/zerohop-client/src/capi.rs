@@ -52,6 +52,7 @@ fn code(e: io::Error) -> c_int {
         io::ErrorKind::PermissionDenied => libc::EACCES,
         io::ErrorKind::InvalidInput => libc::EINVAL,
         io::ErrorKind::WouldBlock => libc::EAGAIN,
+        io::ErrorKind::ConnectionAborted => libc::ESHUTDOWN,
         _ => libc::EIO,
     })
 }
@@ -190,8 +191,12 @@ pub unsafe extern "C" fn zh_reg_fd(client: *mut ZhClient, fd: c_int) -> c_int {
         // SAFETY: borrows the caller's descriptor without taking ownership
         // (ManuallyDrop: never closed here).
         let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+        let mut files = c.files.lock().unwrap_or_else(|p| p.into_inner());
+        if files.contains_key(&fd) {
+            return Err(io::Error::from_raw_os_error(libc::EEXIST));
+        }
         let id = c.client.register_file(&file)?;
-        c.files.lock().unwrap().insert(fd, id);
+        files.insert(fd, id);
         Ok(0)
     })
 }
@@ -237,13 +242,20 @@ pub unsafe extern "C" fn zh_ior_create(
     })
 }
 
+/// Deregisters and frees a ring.
+///
 /// # Safety
-/// `ior` came from `zh_ior_create` and is not used afterwards.
+/// `ior` came from `zh_ior_create` and is not used afterwards; its client
+/// is still live.
 #[no_mangle]
 pub unsafe extern "C" fn zh_ior_destroy(ior: *mut ZhIor) {
     if !ior.is_null() {
         // SAFETY: per the contract, a pointer from Box::into_raw, once.
-        drop(unsafe { Box::from_raw(ior) });
+        let ior = unsafe { Box::from_raw(ior) };
+        // SAFETY: the client outlives its iors (contract of zh_ior_create).
+        if let Some(c) = unsafe { ior.client.as_ref() } {
+            let _ = c.client.deregister_ring(ior.ring.id());
+        }
     }
 }
 
@@ -277,7 +289,7 @@ pub unsafe extern "C" fn zh_prep_io(
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
         let at = (ptr as u64)
             .checked_sub(iov.base as u64)
-            .filter(|o| o + len <= iov.size);
+            .filter(|o| o.checked_add(len).is_some_and(|end| end <= iov.size));
         let at = at.ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
         let op = if read { OP_READ } else { OP_WRITE };
         r.ring.prepare(Submission::raw(

@@ -62,16 +62,24 @@ impl HostBuffer {
         self.mem.is_empty()
     }
 
-    /// The buffer's bytes. The agent writes them while reads into this
-    /// buffer are in flight: look only at ranges whose I/O has completed.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the mapping lives as long as `self`.
+    /// The buffer's bytes.
+    ///
+    /// # Safety
+    /// No I/O on this buffer is in flight (the agent writes it during reads
+    /// and reads it during writes) while the slice is used.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping lives as long as `self`; the caller keeps the
+        // agent off it.
         unsafe { std::slice::from_raw_parts(self.mem.as_ptr(), self.mem.len()) }
     }
 
     /// As [`HostBuffer::as_slice`], to fill before writes.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: the mapping lives as long as `self`, borrowed exclusively.
+    ///
+    /// # Safety
+    /// As [`HostBuffer::as_slice`].
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping lives as long as `self`, borrowed exclusively;
+        // the caller keeps the agent off it.
         unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr(), self.mem.len()) }
     }
 }
@@ -82,10 +90,32 @@ fn agent_error(code: i32, message: String) -> io::Error {
 }
 
 impl Client {
-    /// Connects and says hello.
+    /// Connects and says hello. The agent must run as this user or root
+    /// (or as the user id in `ZEROHOP_AGENT_UID`): the client hands it
+    /// descriptors and GPU memory, so a socket someone else planted at the
+    /// path is refused.
     pub fn connect(path: &Path) -> io::Result<Client> {
+        let conn = socket::connect(path)?;
+        let trusted = std::env::var("ZEROHOP_AGENT_UID")
+            .ok()
+            .and_then(|u| u.parse::<u32>().ok());
+        // SAFETY: getuid cannot fail.
+        let me = unsafe { libc::getuid() };
+        match socket::peer(&conn) {
+            Some((_, uid)) if uid == me || uid == 0 || Some(uid) == trusted => {}
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} is served by user {:?}, not this user or root (set ZEROHOP_AGENT_UID to trust it)",
+                        path.display(),
+                        other.map(|p| p.1)
+                    ),
+                ))
+            }
+        }
         let client = Client {
-            socket: Mutex::new(socket::connect(path)?),
+            socket: Mutex::new(conn),
         };
         client.call(
             &Request::Hello {
@@ -106,7 +136,7 @@ impl Client {
     }
 
     fn exchange(&self, request: &Request, fds: &[&dyn AsRawFd]) -> io::Result<Reply> {
-        let socket = self.socket.lock().unwrap_or_else(|p| p.into_inner());
+        let socket = self.lock();
         let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
         control::send(&*socket, &control::encode(request), &raw)?;
         let (bytes, _) = control::recv(&*socket)?.ok_or(io::ErrorKind::UnexpectedEof)?;
@@ -216,18 +246,28 @@ impl Client {
         let mem = SharedMemory::create("zerohop-ring", ring::ring_bytes(entries))?;
         let ring = Ring::create(mem, entries).map_err(|e| io::Error::other(e.0))?;
         let submitted = socket::eventfd()?;
-        let completed = socket::eventfd()?;
         let id = self.id(
             &Request::RegisterRing { entries },
-            &[ring.memory().file(), &submitted, &completed],
+            &[ring.memory().file(), &submitted],
         )?;
+        let agent = self.lock().try_clone()?;
         Ok(IoRing {
             id,
             ring,
             submitted,
-            completed,
+            agent,
             in_flight: 0,
         })
+    }
+
+    /// Deregisters a ring (dropping an [`IoRing`] alone keeps the agent's
+    /// side until the client closes).
+    pub fn deregister_ring(&self, id: u32) -> io::Result<()> {
+        self.call(&Request::DeregisterRing { id }, &[]).map(drop)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, OwnedFd> {
+        self.socket.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The agent's counters.
@@ -313,7 +353,8 @@ pub struct IoRing {
     id: u32,
     ring: Ring,
     submitted: File,
-    completed: File,
+    /// The session's socket: a hang-up means the agent is gone.
+    agent: OwnedFd,
     in_flight: usize,
 }
 
@@ -379,8 +420,14 @@ impl IoRing {
                 },
                 None => 1000,
             };
-            socket::wait_readable(&[&self.completed], poll_ms)?;
-            socket::drain(&self.completed);
+            self.ring
+                .wait_for_completions(Duration::from_millis(poll_ms.min(100) as u64));
+            if agent_gone(&self.agent) {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the agent closed the session (it stopped, or this client broke a rule)",
+                ));
+            }
         }
     }
 
@@ -396,4 +443,16 @@ impl IoRing {
         self.ring.corrupt_submission_tail(value);
         socket::signal(&self.submitted);
     }
+}
+
+/// Whether the agent hung up on `socket` (checked without waiting).
+fn agent_gone(socket: &OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: socket.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd; a zero timeout never blocks.
+    let rc = unsafe { libc::poll(&mut p, 1, 0) };
+    rc > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }

@@ -54,8 +54,8 @@ pub enum Request {
     DeregisterBuffer {
         id: u32,
     },
-    /// Three descriptors: the ring's sealed memfd, the eventfd the client
-    /// writes after submitting, the eventfd the agent writes after completing.
+    /// Two descriptors: the ring's sealed memfd, and the eventfd the client
+    /// writes after submitting (completions wake the client by futex).
     RegisterRing {
         entries: u32,
     },
@@ -140,6 +140,17 @@ pub fn handle_from_hex(hex: &str) -> Option<[u8; 64]> {
 
 /// Sends one message with `fds` attached.
 pub fn send(socket: &impl AsRawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    send_flags(socket, bytes, fds, 0)
+}
+
+/// Sends one message without waiting: `WouldBlock` when the peer's queue
+/// is full (the agent's replies: a client that stops reading cannot stall
+/// its session thread).
+pub fn send_nowait(socket: &impl AsRawFd, bytes: &[u8]) -> io::Result<()> {
+    send_flags(socket, bytes, &[], libc::MSG_DONTWAIT)
+}
+
+fn send_flags(socket: &impl AsRawFd, bytes: &[u8], fds: &[RawFd], flags: i32) -> io::Result<()> {
     assert!(fds.len() <= MAX_FDS);
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr() as *mut _,
@@ -166,12 +177,17 @@ pub fn send(socket: &impl AsRawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()
             std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast(), fds.len());
         }
     }
-    // SAFETY: `msg` points at live buffers for the duration of the call.
-    let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
+    loop {
+        // SAFETY: `msg` points at live buffers for the duration of the call.
+        let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | flags) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
-    Ok(())
 }
 
 /// Receives one message and the descriptors attached to it (owned: closed
@@ -191,12 +207,18 @@ pub fn recv(socket: &impl AsRawFd) -> io::Result<Option<(Vec<u8>, Vec<File>)>> {
     msg.msg_iovlen = 1;
     msg.msg_control = control.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&control);
-    // SAFETY: `msg` points at live buffers for the duration of the call;
-    // received descriptors are close-on-exec.
-    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n = loop {
+        // SAFETY: `msg` points at live buffers for the duration of the call;
+        // received descriptors are close-on-exec.
+        let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
     let mut files = Vec::new();
     // SAFETY: walks the control messages the kernel wrote into `control`,
     // taking ownership of each received descriptor exactly once.

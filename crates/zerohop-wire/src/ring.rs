@@ -8,9 +8,11 @@
 //!
 //! `entries` is a power of two up to [`MAX_ENTRIES`]. Indices count up and
 //! wrap; an entry's slot is `index % entries`. The client writes submissions
-//! and moves `sq_tail`, then writes the agent's eventfd; the agent moves
-//! `sq_head`, writes completions, moves `cq_tail` and writes the client's
-//! eventfd; the client moves `cq_head`. Each index sits on its own cache
+//! and moves `sq_tail`, then writes its eventfd, which the agent watches
+//! (edge-triggered: the agent never reads it, so a client cannot make that
+//! block); the agent moves `sq_head`, writes completions, moves `cq_tail`
+//! and wakes the futex on `cq_tail` (a futex wake never blocks); the client
+//! waits on that futex and moves `cq_head`. Each index sits on its own cache
 //! line. All shared words are accessed atomically, so a peer scribbling on
 //! the memory can give wrong values but never undefined behaviour, and the
 //! agent keeps its own copies of the indices it owns.
@@ -62,9 +64,9 @@ pub struct SubmissionEntry {
 pub struct CompletionEntry {
     pub user_data: u64,
     /// Bytes moved (the whole length), or a negative errno: `EBADF` unknown
-    /// file or buffer id, `EFAULT` outside the buffer, `EINVAL` bad op or
-    /// reserved bytes set, `E2BIG` over the length limit, `EIO`/`ENOSPC`
-    /// from storage, `ESHUTDOWN` when the agent stopped first.
+    /// file or buffer id, `EFAULT` outside the buffer, `EINVAL` bad op,
+    /// reserved bytes set, or a read past the end of the file, `E2BIG` over
+    /// the length limit, `EIO`/`ENOSPC` from storage.
     pub result: i64,
     pub reserved: [u8; 16],
 }
@@ -362,6 +364,41 @@ impl Ring {
         }
         self.own_cq = self.own_cq.wrapping_add(1);
         self.word32(CQ_TAIL).store(self.own_cq, Ordering::Release);
+    }
+
+    /// Wakes a client waiting in [`Ring::wait_for_completions`].
+    pub fn wake_completions(&self) {
+        // SAFETY: FUTEX_WAKE on an aligned word of a live shared mapping;
+        // it reads nothing and never blocks.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.word32(CQ_TAIL).as_ptr(),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+            )
+        };
+    }
+
+    /// Sleeps until the agent posts a completion this side has not seen,
+    /// or `timeout` passes (returns at once if one is already there).
+    pub fn wait_for_completions(&self, timeout: std::time::Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: FUTEX_WAIT on an aligned word of a live shared mapping,
+        // with a valid timeout; it returns at once unless the word still
+        // holds the tail this side has already consumed up to.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.word32(CQ_TAIL).as_ptr(),
+                libc::FUTEX_WAIT,
+                self.own_cq,
+                &ts as *const libc::timespec,
+            )
+        };
     }
 
     /// Scribbles on an index, as a broken or hostile client would (tests).

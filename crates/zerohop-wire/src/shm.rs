@@ -59,6 +59,19 @@ impl SharedMemory {
                 "shared memory must be a memfd sealed with F_SEAL_SHRINK",
             ));
         }
+        // Only tmpfs memfds: a hugetlbfs one can still lose pages (SIGBUS
+        // when the pool runs dry) despite the seal.
+        // SAFETY: a zeroed statfs is valid; fstatfs writes at most its size.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above, on a descriptor we own.
+        if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0
+            || fs.f_type != libc::TMPFS_MAGIC
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "shared memory must be a tmpfs memfd",
+            ));
+        }
         if len == 0 || file.metadata()?.len() < len as u64 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

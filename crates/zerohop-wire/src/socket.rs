@@ -112,8 +112,8 @@ pub fn connect(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// The peer's process id (`SO_PEERCRED`), for logs and status.
-pub fn peer_pid(socket: &OwnedFd) -> Option<u32> {
+/// The peer's process and user ids (`SO_PEERCRED`).
+pub fn peer(socket: &OwnedFd) -> Option<(u32, u32)> {
     // SAFETY: a zeroed ucred is valid; getsockopt writes at most its size.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -127,10 +127,10 @@ pub fn peer_pid(socket: &OwnedFd) -> Option<u32> {
             &mut len,
         )
     };
-    (rc == 0).then_some(cred.pid as u32)
+    (rc == 0).then_some((cred.pid as u32, cred.uid))
 }
 
-/// A new eventfd (the ring's wake-ups).
+/// A new eventfd (a ring's submission wake-up).
 pub fn eventfd() -> io::Result<std::fs::File> {
     // SAFETY: plain eventfd creation; the descriptor is owned below.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
