@@ -54,7 +54,6 @@ def test_nested_state_round_trips(tmp_path, rng):
     # A tensor reachable twice was stored once and comes back shared.
     assert back["tied"] is back["model"]["layer.weight"]
     assert checkpoint.verify(tmp_path / "ck")[1] > 0
-    assert zerohop.load_file is not None
 
 
 def test_restore_into_existing_arrays(tmp_path, rng):
@@ -126,3 +125,32 @@ def test_a_malformed_structure_is_a_value_error(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "_entries", tampered)
     with pytest.raises(ValueError, match="malformed"):
         checkpoint.load(tmp_path / "ck")
+
+
+def test_ordered_dicts_numpy_scalars_and_int_enums(tmp_path):
+    import enum
+    from collections import OrderedDict
+
+    class Phase(enum.IntEnum):
+        WARMUP = 3
+
+    state = OrderedDict([("b", np.ones(2, np.float32)), ("a", {"n": np.float32(0.5), "k": np.int64(7), "p": Phase.WARMUP})])
+    checkpoint.save(state, tmp_path / "ck")
+    back = checkpoint.load(tmp_path / "ck")
+    assert type(back) is OrderedDict and list(back) == ["b", "a"]
+    assert back["a"] == {"n": 0.5, "k": 7, "p": 3}
+
+
+def test_restore_into_does_not_depend_on_dict_order(tmp_path):
+    state = {"state": {0: {"m": np.ones(4, np.float32)}, 1: {"m": np.full(4, 2, np.float32)}}}
+    checkpoint.save(state, tmp_path / "ck")
+    live = {"state": {1: {"m": np.zeros(4, np.float32)}, 0: {"m": np.zeros(4, np.float32)}}}
+    checkpoint.restore_into(live, tmp_path / "ck")
+    assert (live["state"][0]["m"] == 1).all() and (live["state"][1]["m"] == 2).all()
+
+
+def test_partly_overlapping_views_are_refused_clearly(tmp_path):
+    w = np.ones((4, 4), np.float32)
+    with pytest.raises(ValueError, match="share memory"):
+        checkpoint.save({"w": w, "head": w[:2]}, tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()

@@ -49,3 +49,17 @@ def test_bad_buffers_are_refused(tmp_path):
     # Past the end of the file: an error, and nothing reported read.
     with pytest.raises(OSError, match="past the end"):
         zerohop.read_into(bytearray(10), path, offset=95)
+
+
+def test_raw_io_takes_any_dtype(tmp_path):
+    data = (np.arange(10) + 1j * np.arange(10)).astype(np.complex128)
+    path = tmp_path / "c.bin"
+    zerohop.write_from(data, path)
+    back = np.zeros_like(data)
+    zerohop.read_into(back, path)
+    assert (back == data).all()
+    be = np.arange(5, dtype=">i4")
+    zerohop.write_from(be, path)
+    assert path.read_bytes()[:20] == be.tobytes()
+    with pytest.raises(ValueError):
+        zerohop.write_from(np.array([object()]), path)

@@ -96,3 +96,30 @@ def test_bf16_is_refused_by_numpy_with_a_clear_error(tmp_path):
     path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
     with pytest.raises(ValueError, match="framework='pt'"):
         zerohop.load_file(path, framework="np")
+
+
+def test_get_slice_follows_numpy_indexing(tmp_path, rng):
+    w = rng.standard_normal((6, 5, 4)).astype(np.float32)
+    v = rng.standard_normal(7).astype(np.float32)
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file({"w": w, "v": v}, str(path))
+    with zerohop.safe_open(path, framework="np") as f:
+        sw, sv = f.get_slice("w"), f.get_slice("v")
+        for index in [(Ellipsis, 1, 2), (1, Ellipsis), (Ellipsis,), np.int64(2), (np.int32(-1), slice(1, 3)), (slice(None, None, 2), Ellipsis, 0)]:
+            got, want = sw[index], w[index]
+            assert np.array_equal(got, want), index
+            assert np.asarray(got).flags.c_contiguous
+        assert np.array_equal(sv[..., 2], v[..., 2])
+        with pytest.raises(TypeError):
+            sw[True]
+        with pytest.raises(IndexError):
+            sw[1, 2, 3, 4]
+
+
+def test_safe_open_notices_a_replaced_file(tmp_path):
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file({"a": np.ones(4, np.float32)}, str(path))
+    f = zerohop.safe_open(path, framework="np")
+    zerohop.save_file({"b": np.zeros(8, np.float32), "a": np.zeros(4, np.float32)}, path)
+    with pytest.raises(RuntimeError, match="changed"):
+        f.get_tensor("a")

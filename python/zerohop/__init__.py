@@ -50,7 +50,7 @@ def read_into(
     from `offset`. Returns the transfer's stats (bytes, seconds, GB/s,
     route taken)."""
     _check_offset(offset)
-    b = _buffers.describe(tensor, writable=True)
+    b = _buffers.describe(tensor, writable=True, typed=False)
     pieces = [(0, offset, b.nbytes, b.addr)] if b.nbytes else []
     stats = _native.read(
         b.device, [os.fspath(path)], pieces, _buffers.current_stream(b.device), progress
@@ -65,7 +65,7 @@ def write_from(
     is created if missing, never truncated, and durable (data and directory
     entry synced) when this returns. Returns the transfer's stats."""
     _check_offset(offset)
-    b = _buffers.describe(tensor, writable=False)
+    b = _buffers.describe(tensor, writable=False, typed=False)
     stats = _native.write(
         b.device,
         os.fspath(path),

@@ -125,22 +125,37 @@ class Buffer(NamedTuple):
     owner: Any
 
 
-def describe(obj: Any, writable: bool) -> Buffer:
+def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
     """The memory of a torch tensor, a numpy array, any DLPack producer, or
     any object with the buffer protocol. It must be contiguous; `writable`
-    also requires that it may be written."""
+    also requires that it may be written. `typed=False` is for raw byte
+    moves: a dtype safetensors cannot name is then just bytes ('U8')."""
     torch = _torch()
+
+    def name_of(dtype: Any) -> str:
+        try:
+            return dtype_name(dtype)
+        except ValueError:
+            if typed:
+                raise
+            return "U8"
+
     if torch is not None and isinstance(obj, torch.Tensor):
         if not obj.is_contiguous():
             raise ValueError("the tensor is not contiguous: call .contiguous() first")
         if obj.device.type not in ("cpu", "cuda"):
             raise ValueError(f"tensors on {obj.device} are not supported")
+        if obj.is_conj() or obj.is_neg():
+            # A lazy view: its memory does not hold the values it shows.
+            if writable:
+                raise ValueError("the tensor is a lazy conj/neg view: call resolve_conj()/resolve_neg() first")
+            obj = obj.resolve_conj().resolve_neg()
         device = "cpu" if obj.device.type == "cpu" else f"cuda:{obj.device.index}"
         return Buffer(
             obj.data_ptr(),
             obj.numel() * obj.element_size(),
             device,
-            dtype_name(obj.dtype),
+            name_of(obj.dtype),
             tuple(obj.shape),
             obj,
         )
@@ -149,19 +164,23 @@ def describe(obj: Any, writable: bool) -> Buffer:
             raise ValueError("the array is not C-contiguous: use numpy.ascontiguousarray")
         if writable and not obj.flags.writeable:
             raise ValueError("the array is read-only")
+        if obj.dtype.hasobject:
+            raise ValueError("arrays of Python objects hold no plain bytes")
         return Buffer(
             obj.__array_interface__["data"][0],
             obj.nbytes,
             "cpu",
-            dtype_name(obj.dtype),
+            name_of(obj.dtype),
             tuple(obj.shape),
             obj,
         )
     if hasattr(obj, "__dlpack__"):
+        # The imported tensor keeps the producer alive and is what device
+        # copies work on.
         if torch is not None:
-            return describe(torch.from_dlpack(obj), writable)._replace(owner=obj)
+            return describe(torch.from_dlpack(obj), writable, typed)
         if np is not None:
-            return describe(np.from_dlpack(obj), writable)._replace(owner=obj)
+            return describe(np.from_dlpack(obj), writable, typed)
     try:
         view = memoryview(obj)
     except TypeError:
@@ -175,10 +194,10 @@ def describe(obj: Any, writable: bool) -> Buffer:
             raise ValueError("the buffer is read-only")
         if np is None:
             raise TypeError("read-only buffers need numpy to be addressed")
-        return describe(np.frombuffer(view, dtype=np.uint8), False)._replace(owner=(obj, view))
+        return describe(np.frombuffer(view, dtype=np.uint8), False)
     flat = view.cast("B")
     addr = ctypes.addressof(ctypes.c_char.from_buffer(flat)) if flat.nbytes else 0
-    return Buffer(addr, flat.nbytes, "cpu", "U8", (flat.nbytes,), (obj, flat))
+    return Buffer(addr, flat.nbytes, "cpu", "U8", (flat.nbytes,), flat)
 
 
 def empty(framework: str, dtype: str, shape: Sequence[int], device: str):
@@ -220,7 +239,7 @@ def as_torch(b: Buffer):
         return b.owner
     if np is not None and isinstance(b.owner, np.ndarray):
         return torch.from_numpy(b.owner)
-    return torch.frombuffer(b.owner[1], dtype=torch.uint8)
+    return torch.frombuffer(b.owner, dtype=torch.uint8)
 
 
 def moved_to(b: Buffer, device: str) -> Buffer:

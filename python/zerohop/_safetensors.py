@@ -3,6 +3,7 @@ and write them, through the zerohop engine."""
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -68,6 +69,11 @@ def load_file(
     return _load(paths, tensors.values(), device, framework, progress)
 
 
+def _stamp(path: str) -> Tuple[int, int, int]:
+    st = os.stat(path)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class safe_open:
     """Opens a safetensors file to read only what is asked, as
     `safetensors.safe_open` does: `keys()`, `metadata()`,
@@ -83,6 +89,7 @@ class safe_open:
         self._framework = framework
         self._device = _buffers.device_name(device)
         self._metadata, self._tensors = _headers([self._path])
+        self._stamp = _stamp(self._path)
 
     def __enter__(self) -> "safe_open":
         return self
@@ -106,8 +113,13 @@ class safe_open:
         except KeyError:
             raise KeyError(f"no tensor {name!r} in {self._path}") from None
 
+    def _check_unchanged(self) -> None:
+        if _stamp(self._path) != self._stamp:
+            raise RuntimeError(f"{self._path} changed since it was opened: open it again")
+
     def get_tensor(self, name: str) -> Any:
         """Reads this one tensor."""
+        self._check_unchanged()
         return _load([self._path], [self._info(name)], self._device, self._framework, False)[name]
 
     def get_slice(self, name: str) -> "TensorSlice":
@@ -130,22 +142,17 @@ class TensorSlice:
         return self._info.dtype
 
     def __getitem__(self, index: Any) -> Any:
-        rest: Tuple[Any, ...] = index if isinstance(index, tuple) else (index,)
         shape = self._info.shape
         if not shape:
-            whole = self._file.get_tensor(self._info.name)
-            return whole[index]
-        first, rest = (rest[0], rest[1:]) if rest and rest[0] is not Ellipsis else (slice(None), rest)
+            return self._file.get_tensor(self._info.name)[index]
+        first, rest = _first_index(index, len(shape))
         if isinstance(first, int):
             row = first + shape[0] if first < 0 else first
             if not 0 <= row < shape[0]:
                 raise IndexError(f"index {first} is out of range for {shape[0]} rows")
-            start, stop, step, squeeze = row, row + 1, 1, True
-        elif isinstance(first, slice):
-            start, stop, step = first.indices(shape[0])
-            squeeze = False
+            start, stop, step = row, row + 1, 1
         else:
-            raise TypeError("get_slice indexes with ints, slices and Ellipsis")
+            start, stop, step = first.indices(shape[0])
         if step < 0:
             raise ValueError("negative slice steps are not supported")
         stop = max(start, stop)
@@ -158,9 +165,43 @@ class TensorSlice:
             self._info.begin + start * row_bytes,
             self._info.begin + stop * row_bytes,
         )
+        self._file._check_unchanged()
         part = _load([self._file._path], [rows], self._file._device, self._file._framework, False)[rows.name]
         # The rows read, then the rest of the index on the dimensions after.
-        return part[(0 if squeeze else slice(None, None, step),) + rest]
+        # A part of them comes back as a fresh copy, as safetensors returns
+        # it, so the bytes read but not kept are freed.
+        picked = part[(0 if isinstance(first, int) else slice(None, None, step),) + rest]
+        size = getattr(picked, "size", None)
+        smaller = (picked.numel() < part.numel()) if hasattr(picked, "numel") else (size is not None and size < part.size)
+        if not smaller:
+            return picked
+        return picked.clone() if hasattr(picked, "clone") else picked.copy()
+
+
+def _first_index(index: Any, ndim: int) -> Tuple[Any, Tuple[Any, ...]]:
+    """Splits an index into its first-dimension part (an int or a slice)
+    and the rest, expanding an Ellipsis as numpy does."""
+    parts = index if isinstance(index, tuple) else (index,)
+    ellipses = [i for i, p in enumerate(parts) if p is Ellipsis]
+    if len(ellipses) > 1:
+        raise IndexError("an index can only have a single ellipsis")
+    if ellipses:
+        at = ellipses[0]
+        fill = ndim - (len(parts) - 1)
+        if fill < 0:
+            raise IndexError(f"too many indices for a {ndim}-dimensional tensor")
+        parts = parts[:at] + (slice(None),) * fill + parts[at + 1:]
+    if len(parts) > ndim:
+        raise IndexError(f"too many indices for a {ndim}-dimensional tensor")
+    first = parts[0] if parts else slice(None)
+    if isinstance(first, bool) or first is None:
+        raise TypeError("get_slice indexes with ints, slices and Ellipsis")
+    if not isinstance(first, slice):
+        try:
+            first = operator.index(first)
+        except TypeError:
+            raise TypeError("get_slice indexes with ints, slices and Ellipsis") from None
+    return first, tuple(parts[1:])
 
 
 def save_file(

@@ -97,6 +97,7 @@ class Client:
     def __init__(self, socket: Optional[Union[str, "os.PathLike[str]"]] = None):
         self._native = _native.AgentClient(os.fspath(socket) if socket is not None else None)
         self._kept: Dict[int, Any] = {}
+        self._rings: List[Ring] = []
 
     def __enter__(self) -> "Client":
         return self
@@ -105,7 +106,17 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        """Ends the session; the agent releases everything registered."""
+        """Waits for the I/O still in flight (the agent may be writing into
+        registered tensors), then ends the session: the agent releases
+        everything registered, and the tensors are let go."""
+        for ring in self._rings:
+            try:
+                ring.submit()  # prepared entries are in flight only once submitted
+                while ring.in_flight:
+                    ring.wait(ring.in_flight)
+            except OSError:
+                break  # the agent is gone: nothing is in flight any more
+        self._rings.clear()
         self._native = None
         self._kept.clear()
 
@@ -126,7 +137,7 @@ class Client:
         producer) as a buffer; returns its id. The tensor is kept alive
         until `deregister` or `close`; finish GPU work on it (e.g.
         torch.cuda.synchronize()) before submitting I/O on it."""
-        b = _buffers.describe(tensor, writable=True)
+        b = _buffers.describe(tensor, writable=True, typed=False)
         if not b.device.startswith("cuda:"):
             raise ValueError("register() takes GPU memory; use host_buffer() for host memory")
         buf_id = self._native.register_device_buffer(int(b.device[5:]), b.addr, b.nbytes)
@@ -140,7 +151,9 @@ class Client:
 
     def ring(self, entries: int = 64) -> Ring:
         """A ring of `entries` (a power of two up to 4096)."""
-        return Ring(self._native.create_ring(entries))
+        ring = Ring(self._native.create_ring(entries))
+        self._rings.append(ring)
+        return ring
 
     def status(self) -> Dict[str, Any]:
         """The agent's counters: clients, buffers, rings, bytes, I/Os, errors."""

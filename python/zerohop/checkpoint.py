@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import _buffers, _native
@@ -34,20 +35,24 @@ class _Flattener:
         self._seen: Dict[Tuple[int, int, str, str, Tuple[int, ...]], str] = {}
 
     def encode(self, value: Any, path: List[str]) -> Any:
+        np = _buffers.np
+        if np is not None and isinstance(value, np.generic) and not isinstance(value, np.ndarray):
+            value = value.item()  # numpy scalars come back as Python ones
         if value is None:
             return {"none": None}
         if isinstance(value, bool):
             return {"bool": value}
         if isinstance(value, int):
-            return {"int": str(value)}
+            return {"int": str(int(value))}  # int() also for IntEnum members
         if isinstance(value, float):
-            return {"float": value.hex()}
+            return {"float": float(value).hex()}
         if isinstance(value, str):
             return {"str": value}
         if isinstance(value, bytes):
             return {"bytes": base64.b64encode(value).decode()}
         if isinstance(value, dict):
-            return {"dict": [[self.encode(k, path + ["key"]), self.encode(v, path + [str(k)])] for k, v in value.items()]}
+            kind = "ordered_dict" if isinstance(value, OrderedDict) else "dict"
+            return {kind: [[self.encode(k, path + ["key"]), self.encode(v, path + [str(k)])] for k, v in value.items()]}
         if isinstance(value, (list, tuple)):
             items = [self.encode(v, path + [str(i)]) for i, v in enumerate(value)]
             return {"list" if isinstance(value, list) else "tuple": items}
@@ -91,6 +96,7 @@ def save(
     engine's transfer stats."""
     flat = _Flattener()
     skeleton = flat.encode(state, [])
+    _refuse_partial_overlaps(flat.buffers)
     device = _buffers.main_device(flat.buffers.values())
     entries = []
     for name, b in flat.buffers.items():
@@ -108,6 +114,15 @@ def save(
         progress,
     )
     return {"seconds": seconds, "written_bytes": written, "stats": json.loads(stats)}
+
+
+def _refuse_partial_overlaps(buffers: Dict[str, "_buffers.Buffer"]) -> None:
+    """Tensors reachable twice are stored once; different views of one
+    memory (`w` and `w[:2]`) cannot be, and would not come back as views."""
+    spans = sorted((b.device, b.addr, b.addr + b.nbytes, name) for name, b in buffers.items() if b.nbytes)
+    for (d1, _, end1, n1), (d2, start2, _, n2) in zip(spans, spans[1:]):
+        if d1 == d2 and start2 < end1:
+            raise ValueError(f"{n1} and {n2} share memory (views of one tensor): save one, or clone the other")
 
 
 def _entries(dir: PathLike) -> Tuple[Any, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]]:
@@ -186,6 +201,8 @@ def _decode(node: Any, tensors: Dict[str, Any]) -> Any:
         return tuple(_decode(v, tensors) for v in value)
     if kind == "dict":
         return {_decode(k, tensors): _decode(v, tensors) for k, v in value}
+    if kind == "ordered_dict":
+        return OrderedDict((_decode(k, tensors), _decode(v, tensors)) for k, v in value)
     raise ValueError(f"the checkpoint's state structure has an unknown node {kind!r}")
 
 
@@ -220,8 +237,11 @@ def _shape_of(node: Any) -> Any:
         (kind, value), = node.items()
         if kind in ("list", "tuple"):
             return [kind, [_shape_of(v) for v in value]]
-        if kind == "dict":
-            return ["dict", [[_shape_of(k), _shape_of(v)] for k, v in value]]
+        if kind in ("dict", "ordered_dict"):
+            # By key, not by order: an optimizer's state may fill in another
+            # order than the saved one had.
+            items = sorted(value, key=lambda kv: json.dumps(kv[0], sort_keys=True))
+            return ["dict", [[json.dumps(k, sort_keys=True), _shape_of(v)] for k, v in items]]
     return None
 
 

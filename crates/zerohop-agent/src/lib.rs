@@ -7,7 +7,7 @@
 //! reaches only what it could reach); buffers, as sealed memfds (host
 //! memory) or as CUDA IPC handles plus the buffer's offset in its allocation
 //! (GPU memory); and rings ([`zerohop_wire::ring`]) in shared memory. It
-//! then submits I/O through a ring and waits on an eventfd; the agent runs
+//! then submits I/O through a ring and waits on a futex; the agent runs
 //! each batch through the engine's pipeline and posts completions.
 //!
 //! Each client has its own session thread. Nothing a client sends is

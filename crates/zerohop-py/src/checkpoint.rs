@@ -33,7 +33,7 @@ pub fn checkpoint_save(
     stream: Option<u64>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<(String, f64, u64)> {
-    let engine = engine(Place::parse(device)?)?;
+    let engine = py.detach(|| engine(Place::parse(device)?))?;
     let total = entries.iter().map(|e| e.4).sum();
     let reporter = Reporter::new(progress.as_ref(), "saving", total)?;
     let saved = py.detach(|| {
@@ -95,7 +95,7 @@ pub fn checkpoint_restore(
     stream: Option<u64>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<String> {
-    let engine = engine(Place::parse(device)?)?;
+    let engine = py.detach(|| engine(Place::parse(device)?))?;
     let total = targets.iter().map(|t| t.2).sum();
     let reporter = Reporter::new(progress.as_ref(), "restoring", total)?;
     let stats = py.detach(|| {

@@ -1,8 +1,8 @@
 //! zerohop's error kinds as Python exceptions.
 
 use pyo3::exceptions::{
-    PyFileExistsError, PyFileNotFoundError, PyMemoryError, PyOSError, PyPermissionError,
-    PyRuntimeError, PyValueError,
+    PyFileExistsError, PyFileNotFoundError, PyOSError, PyPermissionError, PyRuntimeError,
+    PyValueError,
 };
 use pyo3::{create_exception, PyErr};
 use zerohop::{Error, ErrorKind};
@@ -23,10 +23,11 @@ pub fn to_py(e: Error) -> PyErr {
         ErrorKind::AlreadyExists => PyFileExistsError::new_err(msg),
         ErrorKind::InvalidInput | ErrorKind::Format => PyValueError::new_err(msg),
         ErrorKind::Integrity => IntegrityError::new_err(msg),
-        ErrorKind::OutOfMemory => PyMemoryError::new_err(msg),
+
         ErrorKind::StorageFull => PyOSError::new_err((libc::ENOSPC, msg)),
         ErrorKind::Io => PyOSError::new_err(msg),
-        // Driver failures, a missing GPU, copy-engine failures.
+        // Driver failures (out of memory included, as torch reports it), a
+        // missing GPU, copy-engine failures.
         _ => PyRuntimeError::new_err(msg),
     }
 }

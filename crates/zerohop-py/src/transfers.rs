@@ -64,7 +64,7 @@ pub fn read(
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<String> {
     let place = Place::parse(device)?;
-    let engine = engine(place)?;
+    let engine = py.detach(|| engine(place))?;
     let total = pieces.iter().map(|p| p.2).sum();
     let reporter = Reporter::new(progress.as_ref(), "loading", total)?;
     let stats = py.detach(|| {
@@ -135,7 +135,7 @@ pub fn write(
     stream: Option<u64>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<String> {
-    let engine = engine(Place::parse(device)?)?;
+    let engine = py.detach(|| engine(Place::parse(device)?))?;
     let reporter = Reporter::new(progress.as_ref(), "writing", len)?;
     let stats = py.detach(|| {
         let end = offset
@@ -166,7 +166,7 @@ pub fn save_safetensors(
     stream: Option<u64>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<String> {
-    let engine = engine(Place::parse(device)?)?;
+    let engine = py.detach(|| engine(Place::parse(device)?))?;
     let total = tensors.iter().map(|t| t.4).sum();
     let reporter = Reporter::new(progress.as_ref(), "saving", total)?;
     let stats = py.detach(|| {
