@@ -167,11 +167,13 @@ impl Session {
                 continue;
             }
             let completions = self.execute(&sqes);
+            // Counters first: a client that sees its completions then sees
+            // them counted.
+            self.publish();
             let state = self.rings.get_mut(&id).expect("listed");
             state.waiting.extend(completions);
             flush(state)?;
         }
-        self.publish();
         Ok(())
     }
 
