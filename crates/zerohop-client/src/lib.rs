@@ -403,6 +403,9 @@ impl IoRing {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut out = Vec::new();
         loop {
+            // Asked before reaping: an agent that leaves posts its last
+            // completions first, so they are all reaped below.
+            let gone = agent_gone(&self.agent);
             while out.len() < max {
                 let Some(c) = self.ring.pop_completion() else {
                     break;
@@ -413,6 +416,12 @@ impl IoRing {
             if out.len() >= min.min(max) {
                 return Ok(out);
             }
+            if gone {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the agent closed the session (it stopped, or this client broke a rule)",
+                ));
+            }
             let poll_ms = match deadline {
                 Some(d) => match d.checked_duration_since(Instant::now()) {
                     Some(left) => left.as_millis().clamp(1, 1000) as i32,
@@ -422,12 +431,6 @@ impl IoRing {
             };
             self.ring
                 .wait_for_completions(Duration::from_millis(poll_ms.min(100) as u64));
-            if agent_gone(&self.agent) {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionAborted,
-                    "the agent closed the session (it stopped, or this client broke a rule)",
-                ));
-            }
         }
     }
 
