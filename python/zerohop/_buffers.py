@@ -5,7 +5,7 @@ the framework that will own them."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, Iterable, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 try:  # Both frameworks are optional: numpy for host arrays, torch for tensors.
     import numpy as np
@@ -223,13 +223,15 @@ def address(t: Any) -> int:
     return t.data_ptr()
 
 
-def main_device(buffers: Iterable[Buffer]) -> str:
-    """The device holding most of the bytes ('cpu' when there are none): a
-    save or restore runs on that device's engine."""
+def on_one_device(buffers: Dict[str, Buffer]) -> Tuple[Dict[str, Buffer], str]:
+    """The buffers on the device holding most of their bytes ('cpu' when
+    there are none), those elsewhere copied there: a save or restore runs on
+    one device's engine. The copies live as long as the returned dict."""
     by_device: Dict[str, int] = {}
-    for b in buffers:
+    for b in buffers.values():
         by_device[b.device] = by_device.get(b.device, 0) + b.nbytes
-    return max(by_device, key=lambda d: by_device[d]) if by_device else "cpu"
+    device = max(by_device, key=lambda d: by_device[d]) if by_device else "cpu"
+    return {n: moved_to(b, device) for n, b in buffers.items()}, device
 
 
 def as_torch(b: Buffer):

@@ -218,15 +218,8 @@ def save_file(
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise ValueError("metadata must map str to str")
     buffers = {name: _buffers.describe(t, writable=False) for name, t in tensors.items()}
-    buffers, device = _one_device(buffers)
+    buffers, device = _buffers.on_one_device(buffers)
     specs = [(name, b.dtype, list(b.shape), b.addr, b.nbytes) for name, b in buffers.items()]
     _native.save_safetensors(
         device, os.fspath(filename), specs, metadata, _buffers.current_stream(device), progress
     )
-
-
-def _one_device(buffers: Dict[str, "_buffers.Buffer"]) -> Tuple[Dict[str, "_buffers.Buffer"], str]:
-    """Copies buffers off devices other than the one holding most bytes
-    onto it (a save runs on one engine)."""
-    device = _buffers.main_device(buffers.values())
-    return {n: _buffers.moved_to(b, device) for n, b in buffers.items()}, device

@@ -97,12 +97,8 @@ def save(
     flat = _Flattener()
     skeleton = flat.encode(state, [])
     _refuse_partial_overlaps(flat.buffers)
-    device = _buffers.main_device(flat.buffers.values())
-    entries = []
-    for name, b in flat.buffers.items():
-        b = _buffers.moved_to(b, device)
-        flat.buffers[name] = b  # keeps a moved copy alive through the save
-        entries.append((name, b.dtype, list(b.shape), b.addr, b.nbytes))
+    buffers, device = _buffers.on_one_device(flat.buffers)  # alive through the save
+    entries = [(name, b.dtype, list(b.shape), b.addr, b.nbytes) for name, b in buffers.items()]
     metadata = {STATE_KEY: json.dumps(skeleton, separators=(",", ":"))}
     stats, seconds, written = _native.checkpoint_save(
         device,
@@ -248,8 +244,7 @@ def _shape_of(node: Any) -> Any:
 def _restore(dir: PathLike, buffers: Dict[str, "_buffers.Buffer"], progress: Progress) -> None:
     """Restores entries into `buffers` on the device holding most bytes;
     the others go through a temporary there and are copied back."""
-    device = _buffers.main_device(buffers.values())
-    staged = {n: _buffers.moved_to(b, device) for n, b in buffers.items()}
+    staged, device = _buffers.on_one_device(buffers)
     targets = [(n, b.addr, b.nbytes) for n, b in staged.items()]
     _native.checkpoint_restore(
         device, os.fspath(dir), targets, _buffers.current_stream(device), progress

@@ -31,10 +31,7 @@ impl Engines {
     /// `device`: `auto` (the first GPU if there is one), `none`, or `cuda:N`.
     pub fn open(device: &str) -> Result<Engines> {
         let host_config = EngineConfig {
-            staging: StagingConfig {
-                total_bytes: 32 << 20,
-                slot_bytes: 4 << 20,
-            },
+            staging: StagingConfig::host_memory(),
             ..agent_config()
         };
         let host = Engine::new(Arc::new(SimDevice::new(SimConfig::default())), host_config)?;

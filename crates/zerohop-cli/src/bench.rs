@@ -262,7 +262,7 @@ fn load_once(engine: &Engine, file: &Path) -> Result<TransferStats> {
 }
 
 /// Reads the whole file once so it sits in the page cache.
-fn warm(path: &Path) -> Result<()> {
+pub fn warm(path: &Path) -> Result<()> {
     raw_read(&[path], BackendKind::Pread, IoMode::Buffered, 4).map(|_| ())
 }
 

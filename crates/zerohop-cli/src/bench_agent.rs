@@ -135,12 +135,8 @@ fn io_err(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
 
 /// Where a benchmark's memory is: a GPU, or host memory (the agent's
 /// simulated device route).
-fn memory_for(spec: &str) -> Result<Arc<dyn Device>> {
-    open_device_or_host(spec)
-}
-
 pub fn bench(a: &BenchAgentArgs) -> Result<()> {
-    let device = memory_for(&a.device)?;
+    let device = open_device_or_host(&a.device)?;
     let size = std::fs::metadata(&a.file)
         .map_err(|e| Error::io(&a.file, "cannot stat", e))?
         .len();
@@ -288,8 +284,7 @@ fn prepare_cache(file: &Path, cold: bool) -> Result<String> {
             left * 100.0
         ));
     }
-    let mut f = File::open(file).map_err(|e| Error::io(file, "cannot open", e))?;
-    std::io::copy(&mut f, &mut std::io::sink()).map_err(|e| Error::io(file, "cannot read", e))?;
+    crate::bench::warm(file)?;
     Ok("hot".into())
 }
 

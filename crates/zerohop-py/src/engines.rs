@@ -67,13 +67,8 @@ pub fn engine(place: Place) -> PyResult<Arc<Engine>> {
                 max_copy_delay: delay,
                 ..SimConfig::default()
             });
-            // Host memory needs no large pinned pool: 32 MiB in 4 MiB slots
-            // (checkpoint chunks are 4 MiB and must divide a slot).
             let config = EngineConfig {
-                staging: StagingConfig {
-                    total_bytes: 32 << 20,
-                    slot_bytes: 4 << 20,
-                },
+                staging: StagingConfig::host_memory(),
                 ..EngineConfig::default()
             };
             Engine::new(Arc::new(device), config)

@@ -297,12 +297,6 @@ impl Ring {
         self.word32(SQ_TAIL).store(self.own_sq, Ordering::Release);
     }
 
-    /// Submissions queued and not yet taken by the agent.
-    pub fn pending(&self) -> u32 {
-        self.own_sq
-            .wrapping_sub(self.word32(SQ_HEAD).load(Ordering::Acquire))
-    }
-
     /// The next completion, if any.
     pub fn pop_completion(&mut self) -> Option<CompletionEntry> {
         let tail = self.word32(CQ_TAIL).load(Ordering::Acquire);

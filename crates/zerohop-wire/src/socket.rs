@@ -149,13 +149,6 @@ pub fn signal(efd: &impl AsRawFd) {
     unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) };
 }
 
-/// Resets an eventfd's counter (non-blocking).
-pub fn drain(efd: &impl AsRawFd) {
-    let mut buf = [0u8; 8];
-    // SAFETY: reads at most 8 bytes into a live buffer.
-    unsafe { libc::read(efd.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
-}
-
 /// Waits until one of `fds` is readable or `timeout_ms` passes (-1: no
 /// limit); returns which are readable.
 pub fn wait_readable(fds: &[&dyn AsRawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {

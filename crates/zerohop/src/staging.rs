@@ -29,6 +29,17 @@ impl Default for StagingConfig {
 }
 
 impl StagingConfig {
+    /// For engines whose "device" memory is host memory (the simulated
+    /// device serving CPU tensors or an agent's memfds): no large pool is
+    /// needed, only room for checkpoint chunks (4 MiB, which must divide a
+    /// slot).
+    pub fn host_memory() -> Self {
+        StagingConfig {
+            total_bytes: 32 << 20,
+            slot_bytes: 4 << 20,
+        }
+    }
+
     /// Checks the geometry: slots aligned for O_DIRECT, at least two of them.
     pub fn validate(&self) -> Result<()> {
         if self.slot_bytes == 0 || !self.slot_bytes.is_multiple_of(DIRECT_ALIGN as usize) {
