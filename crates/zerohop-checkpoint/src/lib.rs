@@ -3,9 +3,12 @@
 //! engine's write pipeline and committed atomically, restored through its
 //! read pipeline with every chunk verified on the way.
 //!
-//! Checksums are xxh3-64: well known (xxHash), non-cryptographic, and fast
-//! enough (tens of GB/s per core) that hashing in the I/O workers costs
-//! little next to storage; it catches corruption, not tampering.
+//! Checksums are xxh3-64: well known (xxHash), non-cryptographic, fast on
+//! a CPU (tens of GB/s per core) and parallel enough to run on a GPU. A
+//! save hashes every chunk with a kernel on the GPU before copying it, so
+//! the host never reads the bytes to hash them (where the kernel cannot
+//! run, the I/O workers hash each chunk in staging instead); restore and
+//! verify hash on the host. It catches corruption, not tampering.
 #![forbid(unsafe_code)]
 
 mod manifest;
@@ -18,5 +21,5 @@ pub use manifest::{
     VERSION,
 };
 pub use restore::{restore, restore_into, Restored};
-pub use save::{save, Region, SaveOptions, Saved, DEFAULT_CHUNK_BYTES};
+pub use save::{save, ChecksumSite, Region, SaveOptions, Saved, DEFAULT_CHUNK_BYTES};
 pub use verify::{dependents, remove, verify, Verified};

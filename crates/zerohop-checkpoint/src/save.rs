@@ -1,9 +1,12 @@
 //! Saving: regions of device memory into a new checkpoint directory,
-//! sharded across data files written in parallel, every chunk checksummed
-//! as it passes through staging, committed atomically.
+//! sharded across data files written in parallel, committed atomically.
+//! Every chunk is checksummed by the device before the copies where it can
+//! (a GPU kernel: the host never reads the bytes to hash them), else on the
+//! host as it passes through staging.
 
 use crate::manifest::{
-    chunk_checksum, Chunk, DataFile, Entry, Manifest, CHECKSUM, FORMAT, MANIFEST_FILE, VERSION,
+    checksum_hex, chunk_checksum, Chunk, DataFile, Entry, Manifest, CHECKSUM, FORMAT,
+    MANIFEST_FILE, VERSION,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -86,6 +89,32 @@ pub struct Saved {
     pub seconds: f64,
     /// Data bytes actually written (less than the total when incremental).
     pub written_bytes: u64,
+    /// Where the chunks were checksummed.
+    pub checksums: ChecksumSite,
+}
+
+/// Where a save checksummed its chunks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChecksumSite {
+    /// On the device, before the copies, in this many seconds (included
+    /// in the save's time).
+    Device { seconds: f64 },
+    /// On the host, as each chunk passed through staging (see the
+    /// transfer's worker profile), because the device could not: `why`.
+    Host { why: String },
+}
+
+impl std::fmt::Display for ChecksumSite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChecksumSite::Device { seconds } => write!(
+                f,
+                "on the device before the copies, in {:.1} ms",
+                seconds * 1e3
+            ),
+            ChecksumSite::Host { why } => write!(f, "on the host in staging ({why})"),
+        }
+    }
 }
 
 /// Saves `regions` as a new checkpoint at `dir` (which must not exist; its
@@ -122,18 +151,19 @@ pub fn save(
     let tmp = atomic::temp_sibling(dir)?;
     std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, "cannot create", e))?;
     let saved = write_checkpoint(engine, regions, &tmp, opts, &base, progress).and_then(
-        |(manifest, stats)| {
+        |(manifest, stats, checksums)| {
             check_holders(dir, &manifest)?;
             atomic::commit_new(&tmp, dir)?;
-            Ok((manifest, stats))
+            Ok((manifest, stats, checksums))
         },
     );
     match saved {
-        Ok((manifest, stats)) => Ok(Saved {
+        Ok((manifest, stats, checksums)) => Ok(Saved {
             written_bytes: stats.direct_bytes + stats.buffered_bytes,
             manifest,
             stats,
             seconds: started.elapsed().as_secs_f64(),
+            checksums,
         }),
         Err(e) => {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -262,7 +292,7 @@ fn write_checkpoint(
     opts: &SaveOptions,
     base: &Baseline,
     progress: Option<Progress<'_>>,
-) -> Result<(Manifest, TransferStats)> {
+) -> Result<(Manifest, TransferStats, ChecksumSite)> {
     let n = opts
         .shards
         .unwrap_or(engine.config().io_threads)
@@ -273,6 +303,8 @@ fn write_checkpoint(
     let mut plan = TransferPlan::new();
     let mut data_files = Vec::new();
     let mut entries = Vec::new();
+    // Per data file: each tensor's file offset and bytes, in file order.
+    let mut placed: Vec<Vec<(u64, DeviceBuffer)>> = Vec::new();
     for (s, members) in shard(regions, n).into_iter().enumerate() {
         let tensors: Vec<TensorToSave> = members
             .iter()
@@ -293,6 +325,13 @@ fn write_checkpoint(
         let layout = layout(&tensors, &metadata)?;
         let name = format!("data-{s:05}.safetensors");
         layout.start_file(engine, &tmp.join(&name), &tensors, &mut files, &mut plan)?;
+        placed.push(
+            tensors
+                .iter()
+                .zip(&layout.tensors)
+                .map(|(t, info)| (layout.data_start + info.begin, t.data.clone()))
+                .collect(),
+        );
         for (&i, info) in members.iter().zip(&layout.tensors) {
             let r = &regions[i];
             entries.push(Entry {
@@ -312,8 +351,17 @@ fn write_checkpoint(
         });
     }
     let slots = chunk_slots(&data_files, opts.chunk_bytes);
+    let (sums, checksums) = hash_on_device(engine, &slots, &placed)?;
     let filter = |file: usize, start: u64, bytes: &[u8]| -> Result<Vec<Range<u64>>> {
-        keep_changed(&slots, &data_files, base, file, start, bytes)
+        keep_changed(
+            &slots,
+            sums.as_deref(),
+            &data_files,
+            base,
+            file,
+            start,
+            bytes,
+        )
     };
     let stats = engine.write(&files, &plan, Some(&filter), progress)?;
     let mut chunks = Vec::with_capacity(slots.len());
@@ -351,7 +399,55 @@ fn write_checkpoint(
         chunks,
     };
     write_manifest(tmp, &manifest)?;
-    Ok((manifest, stats))
+    Ok((manifest, stats, checksums))
+}
+
+/// Every chunk's checksum, computed by the device before any copy, where it
+/// can; `None` (and why) where it cannot, and the chunks are hashed on the
+/// host as they pass.
+fn hash_on_device(
+    engine: &Engine,
+    slots: &[ChunkSlot],
+    placed: &[Vec<(u64, DeviceBuffer)>],
+) -> Result<(Option<Vec<u64>>, ChecksumSite)> {
+    let started = Instant::now();
+    let mut chunks = Vec::with_capacity(slots.len());
+    for c in slots {
+        let tensors = &placed[c.file];
+        let end = c.offset + c.len;
+        // The tensors overlapping the chunk: from the last starting at or
+        // before it, while they start before its end.
+        let first = tensors.partition_point(|(at, _)| *at <= c.offset).max(1) - 1;
+        let mut pieces = Vec::new();
+        for (at, data) in tensors[first..].iter().take_while(|(at, _)| *at < end) {
+            let from = c.offset.max(*at);
+            let to = end.min(at + data.len() as u64);
+            if from < to {
+                pieces.push(data.slice((from - at) as usize, (to - from) as usize)?);
+            }
+        }
+        debug_assert_eq!(
+            pieces.iter().map(|p| p.len() as u64).sum::<u64>(),
+            c.len,
+            "a chunk's pieces must cover it"
+        );
+        chunks.push(pieces);
+    }
+    Ok(match engine.device_xxh3_64(&chunks) {
+        Ok(Some(sums)) => (
+            Some(sums),
+            ChecksumSite::Device {
+                seconds: started.elapsed().as_secs_f64(),
+            },
+        ),
+        Ok(None) => (
+            None,
+            ChecksumSite::Host {
+                why: "the device has no checksum kernel".into(),
+            },
+        ),
+        Err(e) => (None, ChecksumSite::Host { why: e.to_string() }),
+    })
 }
 
 /// Every chunk of every data file, in file order.
@@ -373,10 +469,12 @@ fn chunk_slots(files: &[DataFile], chunk_bytes: u64) -> Vec<ChunkSlot> {
     out
 }
 
-/// The write filter: checksums each chunk in the window and keeps those
+/// The write filter: takes each chunk's checksum in the window (from `sums`,
+/// computed by the device, or else hashing the bytes) and keeps the chunks
 /// the parent does not already hold.
 fn keep_changed(
     slots: &[ChunkSlot],
+    sums: Option<&[u64]>,
     files: &[DataFile],
     base: &Baseline,
     file: usize,
@@ -386,9 +484,10 @@ fn keep_changed(
     let end = start + bytes.len() as u64;
     let first = slots.partition_point(|c| (c.file, c.offset) < (file, start));
     let mut keep: Vec<Range<u64>> = Vec::new();
-    for c in slots[first..]
+    for (k, c) in slots[first..]
         .iter()
-        .take_while(|c| c.file == file && c.offset < end)
+        .enumerate()
+        .take_while(|(_, c)| c.file == file && c.offset < end)
     {
         if c.offset + c.len > end {
             return Err(Error::new(
@@ -397,7 +496,10 @@ fn keep_changed(
             ));
         }
         let rel = c.offset - start;
-        let sum = chunk_checksum(&bytes[rel as usize..(rel + c.len) as usize]);
+        let sum = match sums {
+            Some(sums) => checksum_hex(sums[first + k]),
+            None => chunk_checksum(&bytes[rel as usize..(rel + c.len) as usize]),
+        };
         let key = (files[file].name.clone(), c.offset, c.len);
         let stored_in = match base.chunks.get(&key) {
             Some((old, holder)) if *old == sum => Some(holder.clone()),

@@ -14,7 +14,8 @@ use zerohop::staging::StagingConfig;
 use zerohop::storage::{FaultyWriteBackend, PwriteBackend, WriteFault};
 use zerohop::{Device, DeviceBuffer, Engine, EngineConfig, ErrorKind};
 use zerohop_checkpoint::{
-    remove, restore, restore_into, save, verify, Manifest, Region, SaveOptions, MANIFEST_FILE,
+    remove, restore, restore_into, save, verify, ChecksumSite, Manifest, Region, SaveOptions,
+    MANIFEST_FILE,
 };
 
 const CHUNK: u64 = 16 << 10;
@@ -30,9 +31,13 @@ fn names(dir: &TestDir) -> Vec<String> {
 }
 
 fn engine() -> Engine {
+    engine_on(SimConfig::default())
+}
+
+fn engine_on(sim: SimConfig) -> Engine {
     let dev: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig {
         max_copy_delay: Duration::from_micros(200),
-        ..Default::default()
+        ..sim
     }));
     Engine::new(
         dev,
@@ -224,6 +229,47 @@ fn damage_is_found_and_named() {
 
 /// An incremental save rewrites only the changed chunks, restores to the
 /// same bytes as a full save, and keeps its parent from being deleted.
+/// A device that hashes chunks itself and one whose chunks are hashed on
+/// the host as they pass must agree on every checksum: a child saved on
+/// one finds its parent's chunks, saved on the other, unchanged.
+#[test]
+fn device_and_host_checksums_agree() {
+    let dir = TestDir::new("sites");
+    let on_device = engine();
+    let on_host = engine_on(SimConfig {
+        no_checksum_kernel: true,
+        ..SimConfig::default()
+    });
+    let (a_regions, _) = regions(&on_device, 9);
+    let (b_regions, data) = regions(&on_host, 9);
+    let a = dir.path("by-device");
+    let saved_a = save(&on_device, &a_regions, &a, &opts(), None).unwrap();
+    assert!(
+        matches!(saved_a.checksums, ChecksumSite::Device { .. }),
+        "{}",
+        saved_a.checksums
+    );
+    let b = dir.path("by-host");
+    let child = SaveOptions {
+        parent: Some(a.clone()),
+        ..opts()
+    };
+    let saved_b = save(&on_host, &b_regions, &b, &child, None).unwrap();
+    assert!(
+        saved_b.checksums.to_string().contains("no checksum kernel"),
+        "{}",
+        saved_b.checksums
+    );
+    assert_eq!(saved_b.written_bytes, 0, "every chunk is unchanged");
+    let sums = |m: &Manifest| m.chunks.iter().map(|c| c.xxh3.clone()).collect::<Vec<_>>();
+    assert_eq!(sums(&saved_a.manifest), sums(&saved_b.manifest));
+    let r = restore(&on_host, &b, None).unwrap();
+    for (entry, buf) in r.manifest.entries.iter().zip(&r.buffers) {
+        let i = b_regions.iter().position(|g| g.name == entry.name).unwrap();
+        assert!(contents(&on_host, buf) == data[i], "{}", entry.name);
+    }
+}
+
 #[test]
 fn incremental_saves_write_only_changed_chunks() {
     let dir = TestDir::new("incr");

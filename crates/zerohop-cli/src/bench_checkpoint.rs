@@ -50,6 +50,7 @@ struct Report {
     save_ratio_to_raw_write: f64,
     restore_ratio_to_raw_read: f64,
     staging_bytes: u64,
+    checksums: String,
     save: zerohop::TransferStats,
     restore: zerohop::TransferStats,
 }
@@ -138,6 +139,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         saved.stats.path
     ));
     say(format!("profile  {}", saved.stats.profile.describe()));
+    say(format!("checksum {}", saved.checksums));
 
     let mut cache = Vec::new();
     for f in &saved.manifest.files {
@@ -190,6 +192,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         save_ratio_to_raw_write: save_gbps / best_write,
         restore_ratio_to_raw_read: restore_gbps / best_read,
         staging_bytes: saved.stats.staging_bytes,
+        checksums: saved.checksums.to_string(),
         save: saved.stats,
         restore: restored.stats,
     };

@@ -70,6 +70,7 @@ struct SaveReport<'a> {
     written_bytes: u64,
     seconds_to_durable: f64,
     gbps: f64,
+    checksums: String,
     transfer: &'a TransferStats,
 }
 
@@ -160,6 +161,7 @@ fn save(
             written_bytes: saved.written_bytes,
             seconds_to_durable: saved.seconds,
             gbps,
+            checksums: saved.checksums.to_string(),
             transfer: &saved.stats,
         };
         println!(
@@ -188,6 +190,7 @@ fn save(
                 String::new()
             }
         );
+        println!("checksum {}", saved.checksums);
         println!("path     {}", saved.stats.path);
     }
     Ok(())

@@ -8,6 +8,7 @@
 //! move between threads freely.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod checksum;
 mod context;
 mod driver;
 mod error;
@@ -16,6 +17,7 @@ mod memory;
 mod stream;
 mod vmm;
 
+pub use checksum::{DeviceRange, Xxh3Kernel, XXH3_KERNEL_MIN_BYTES};
 pub use context::Context;
 pub use driver::{DeviceInfo, Driver};
 pub use error::{CudaError, CudaErrorKind};

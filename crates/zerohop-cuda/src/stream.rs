@@ -8,7 +8,7 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Stream {
     ctx: Arc<Context>,
-    raw: sys::CUstream,
+    pub(crate) raw: sys::CUstream,
 }
 
 // SAFETY: stream handles may be used from any thread; the driver orders work

@@ -2,9 +2,10 @@ use super::{
     CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceKind, Fence, HostPin, StagingMemory,
 };
 use crate::{Error, Result};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use zerohop_cuda::{
-    Context, DeviceAllocation, Driver, Event, HostRegistration, PinnedBuffer, Stream,
+    Context, CudaError, DeviceAllocation, DeviceRange, Driver, Event, HostRegistration,
+    PinnedBuffer, Stream, Xxh3Kernel, XXH3_KERNEL_MIN_BYTES,
 };
 
 /// The driver's CUDA version ("13.0") and the number of GPUs; an error
@@ -19,6 +20,8 @@ pub fn cuda_driver_summary() -> Result<(String, usize)> {
 pub struct CudaDevice {
     ctx: Arc<Context>,
     description: String,
+    /// The checksum kernel, loaded on first use.
+    xxh3: OnceLock<std::result::Result<Xxh3Kernel, CudaError>>,
 }
 
 impl CudaDevice {
@@ -35,7 +38,11 @@ impl CudaDevice {
             info.compute_capability.1,
             info.pci_bus_id
         );
-        Ok(CudaDevice { ctx, description })
+        Ok(CudaDevice {
+            ctx,
+            description,
+            xxh3: OnceLock::new(),
+        })
     }
 
     pub fn context(&self) -> &Arc<Context> {
@@ -100,6 +107,49 @@ impl Device for CudaDevice {
                 None => DeviceBuffer::borrowed(addr, len, kind),
             }
         })
+    }
+
+    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>> {
+        let kernel = self
+            .xxh3
+            .get_or_init(|| Xxh3Kernel::load(&self.ctx))
+            .as_ref()
+            .map_err(|e| Error::from(e.clone()).context("the checksum kernel did not load"))?;
+        let len = |c: &Vec<DeviceBuffer>| c.iter().map(|b| b.len() as u64).sum::<u64>();
+        // XXH3 hashes short inputs differently; the kernel does long ones
+        // only, and short chunks (file tails) are few and small.
+        let long: Vec<Vec<DeviceRange>> = chunks
+            .iter()
+            .filter(|c| len(c) >= XXH3_KERNEL_MIN_BYTES)
+            .map(|c| {
+                c.iter()
+                    .map(|b| DeviceRange {
+                        ptr: b.addr(),
+                        len: b.len() as u64,
+                    })
+                    .collect()
+            })
+            .collect();
+        // SAFETY: every range is a `DeviceBuffer`, memory of this device
+        // that stays allocated while `chunks` holds it (owned ones by their
+        // allocation, borrowed ones as their creators vouched); the kernel
+        // only reads it.
+        let mut on_gpu = unsafe { kernel.hash(&long) }?.into_iter();
+        let mut sums = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            if len(c) >= XXH3_KERNEL_MIN_BYTES {
+                sums.push(on_gpu.next().expect("one sum per long chunk"));
+                continue;
+            }
+            let mut bytes = Vec::new();
+            for b in c {
+                let at = bytes.len();
+                bytes.resize(at + b.len(), 0);
+                self.read_back(b, 0, &mut bytes[at..])?;
+            }
+            sums.push(twox_hash::XxHash3_64::oneshot(&bytes));
+        }
+        Ok(Some(sums))
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {

@@ -10,6 +10,7 @@ use super::{
 use crate::{Error, ErrorKind, Result};
 use std::alloc::Layout;
 use std::collections::BTreeMap;
+use std::hash::Hasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -31,6 +32,9 @@ pub struct SimConfig {
     pub memory_limit: Option<u64>,
     /// Refuse to pin host memory, as a driver may for some mappings.
     pub refuse_pin: bool,
+    /// Have no checksum kernel, as a device where it cannot load: callers
+    /// hash on the host instead.
+    pub no_checksum_kernel: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,6 +287,30 @@ impl Device for SimDevice {
         let mut buf = DeviceBuffer::owned(addr, len, self.kind(), Arc::new(guard));
         buf.stream = stream;
         Ok(buf)
+    }
+
+    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>> {
+        if self.config.no_checksum_kernel {
+            return Ok(None);
+        }
+        let reg = self.registry.lock().unwrap();
+        let mut sums = Vec::with_capacity(chunks.len());
+        for chunk in chunks {
+            let mut hasher = twox_hash::XxHash3_64::with_seed(0);
+            for b in chunk.iter().filter(|b| !b.is_empty()) {
+                if !reg.contains(b.addr(), b.len() as u64, &[Region::Device]) {
+                    return Err(Error::new(
+                        ErrorKind::Device,
+                        "checksum of memory outside live simulated memory",
+                    ));
+                }
+                // SAFETY: the range lies in a live device allocation
+                // (checked under the lock that frees hold).
+                hasher.write(unsafe { std::slice::from_raw_parts(b.addr() as *const u8, b.len()) });
+            }
+            sums.push(hasher.finish());
+        }
+        Ok(Some(sums))
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {

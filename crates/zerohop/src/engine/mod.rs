@@ -284,7 +284,7 @@ impl Engine {
         let started = Instant::now();
         let cpu_before = crate::stats::cpu_seconds();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        self.wait_for_streams(plan)?;
+        self.wait_for_streams(plan.streams())?;
         let routes: Vec<FileRoute> = files
             .iter()
             .map(|f| match self.route_for(f) {
@@ -440,10 +440,11 @@ impl Engine {
         })
     }
 
-    /// Waits for the work queued on the streams of the plan's borrowed
-    /// buffers, so no copy touches memory a framework's kernels still use.
-    fn wait_for_streams(&self, plan: &TransferPlan) -> Result<()> {
-        for s in plan.streams() {
+    /// Waits for the work queued on the streams of borrowed buffers (see
+    /// [`TransferPlan::streams`]), so nothing touches memory a framework's
+    /// kernels still use.
+    fn wait_for_streams(&self, streams: std::collections::BTreeSet<u64>) -> Result<()> {
+        for s in streams {
             // SAFETY: buffers carry a stream only through
             // `DeviceBuffer::borrowed_on_stream`, whose caller vouches that
             // it is a live stream of the buffer's device.

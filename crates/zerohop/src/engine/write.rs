@@ -6,7 +6,7 @@ use crate::plan::{windows, TransferPlan, Window};
 use crate::stats::{Direction, TransferStats};
 use crate::storage::{sync_dir, IoMode, SinkFile, DIRECT_ALIGN};
 use crate::write_pipeline::{self, WriteFilter, WriteJob, WriteWorker};
-use crate::{Error, ErrorKind, Result};
+use crate::{DeviceBuffer, Error, ErrorKind, Result};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
@@ -30,7 +30,7 @@ impl Engine {
         let cpu_before = crate::stats::cpu_seconds();
         check_disjoint(files, plan)?;
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        self.wait_for_streams(plan)?;
+        self.wait_for_streams(plan.streams())?;
         let slot_bytes = pool.config().slot_bytes as u64;
         let windows = interleave(windows(plan.extents(), slot_bytes, DIRECT_ALIGN));
         let shares = pool.worker_shares(self.config.io_threads.min(windows.len()));
@@ -74,6 +74,29 @@ impl Engine {
         );
         stats.finish(started, cpu_before);
         Ok(stats)
+    }
+
+    /// XXH3-64 (seed 0) of each chunk of device memory, a chunk being its
+    /// buffers' bytes one after another, computed by the device once the
+    /// work queued on the buffers' streams is done; `Ok(None)` where the
+    /// device cannot (see [`crate::Device::xxh3_64`]). Checkpoints hash
+    /// this way before a save so the host never reads the bytes to hash.
+    pub fn device_xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>> {
+        let kind = self.device.kind();
+        if let Some(b) = chunks.iter().flatten().find(|b| b.device() != kind) {
+            return Err(Error::invalid(format!(
+                "a buffer of {} cannot be hashed by {kind}",
+                b.device()
+            )));
+        }
+        self.wait_for_streams(
+            chunks
+                .iter()
+                .flatten()
+                .filter_map(DeviceBuffer::stream)
+                .collect(),
+        )?;
+        self.device.xxh3_64(chunks)
     }
 
     /// Writes host bytes (a header, small metadata) into `file` at `offset`
