@@ -11,15 +11,17 @@
 //! verify hash on the host. It catches corruption, not tampering.
 #![forbid(unsafe_code)]
 
+mod checksums;
 mod manifest;
 mod restore;
 mod save;
 mod verify;
 
+pub use checksums::ChecksumSite;
 pub use manifest::{
     chunk_checksum, Chunk, DataFile, Entry, Manifest, FORMAT, MANIFEST_FILE, MAX_MANIFEST_BYTES,
     VERSION,
 };
 pub use restore::{restore, restore_into, Restored};
-pub use save::{save, ChecksumSite, Region, SaveOptions, Saved, DEFAULT_CHUNK_BYTES};
+pub use save::{save, Region, SaveOptions, Saved, DEFAULT_CHUNK_BYTES};
 pub use verify::{dependents, remove, verify, Verified};

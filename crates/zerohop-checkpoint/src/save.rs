@@ -1,9 +1,10 @@
 //! Saving: regions of device memory into a new checkpoint directory,
 //! sharded across data files written in parallel, committed atomically.
-//! Every chunk is checksummed by the device before the copies where it can
-//! (a GPU kernel: the host never reads the bytes to hash them), else on the
-//! host as it passes through staging.
+//! Every chunk is checksummed by the device where it can (a GPU kernel, run
+//! while the data is written: the host never reads the bytes to hash
+//! them), else on the host as it passes through staging.
 
+use crate::checksums::{self, ChecksumSite};
 use crate::manifest::{
     checksum_hex, chunk_checksum, Chunk, DataFile, Entry, Manifest, CHECKSUM, FORMAT,
     MANIFEST_FILE, VERSION,
@@ -15,7 +16,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 use zerohop::plan::TransferPlan;
 use zerohop::safetensors::{layout, Dtype, TensorToSave};
-use zerohop::storage::{atomic, sync_dir};
+use zerohop::storage::{atomic, sync_dir, SinkFile};
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Progress, Result, TransferStats};
 
 /// Default chunk size: one checksum per 4 MiB.
@@ -91,30 +92,6 @@ pub struct Saved {
     pub written_bytes: u64,
     /// Where the chunks were checksummed.
     pub checksums: ChecksumSite,
-}
-
-/// Where a save checksummed its chunks.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ChecksumSite {
-    /// On the device, before the copies, in this many seconds (included
-    /// in the save's time).
-    Device { seconds: f64 },
-    /// On the host, as each chunk passed through staging (see the
-    /// transfer's worker profile), because the device could not: `why`.
-    Host { why: String },
-}
-
-impl std::fmt::Display for ChecksumSite {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ChecksumSite::Device { seconds } => write!(
-                f,
-                "on the device before the copies, in {:.1} ms",
-                seconds * 1e3
-            ),
-            ChecksumSite::Host { why } => write!(f, "on the host in staging ({why})"),
-        }
-    }
 }
 
 /// Saves `regions` as a new checkpoint at `dir` (which must not exist; its
@@ -278,11 +255,23 @@ fn shard(regions: &[Region], n: usize) -> Vec<Vec<usize>> {
 }
 
 /// One chunk's place, and what the save learned of it.
-struct ChunkSlot {
-    file: usize,
-    offset: u64,
-    len: u64,
+pub(crate) struct ChunkSlot {
+    pub file: usize,
+    pub offset: u64,
+    pub len: u64,
     seen: Mutex<Option<(String, Option<String>)>>,
+}
+
+impl ChunkSlot {
+    fn chunk(&self, xxh3: String, stored_in: Option<String>) -> Chunk {
+        Chunk {
+            file: self.file,
+            offset: self.offset,
+            len: self.len,
+            xxh3,
+            stored_in,
+        }
+    }
 }
 
 fn write_checkpoint(
@@ -351,42 +340,66 @@ fn write_checkpoint(
         });
     }
     let slots = chunk_slots(&data_files, opts.chunk_bytes);
-    let (sums, checksums) = hash_on_device(engine, &slots, &placed)?;
-    let filter = |file: usize, start: u64, bytes: &[u8]| -> Result<Vec<Range<u64>>> {
-        keep_changed(
-            &slots,
-            sums.as_deref(),
-            &data_files,
-            base,
-            file,
-            start,
-            bytes,
-        )
+    let pieces = checksums::chunk_pieces(&slots, &placed)?;
+    let (stats, chunks, site) = match checksums::device_can_hash(engine) {
+        Ok(()) if base.name.is_none() => {
+            // Nothing is compared with a parent, so nothing waits for the
+            // sums: the device hashes while the data is copied and written.
+            let (stats, hashed) = std::thread::scope(|s| {
+                let hashing = s.spawn(|| checksums::on_device(engine, &pieces));
+                let stats = engine.write(&files, &plan, None, progress);
+                let hashed = hashing.join().unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::Device,
+                        "the checksum thread panicked",
+                    ))
+                });
+                (stats, hashed)
+            });
+            let (stats, (sums, seconds)) = (stats?, hashed?);
+            let chunks = slots
+                .iter()
+                .zip(sums)
+                .map(|(c, sum)| c.chunk(checksum_hex(sum), None))
+                .collect();
+            let site = ChecksumSite::Device {
+                seconds,
+                overlapped: true,
+            };
+            (stats, chunks, site)
+        }
+        Ok(()) => {
+            let (sums, seconds) = checksums::on_device(engine, &pieces)?;
+            let site = ChecksumSite::Device {
+                seconds,
+                overlapped: false,
+            };
+            let stats = write_changed(
+                engine,
+                &files,
+                &plan,
+                &slots,
+                Some(&sums),
+                &data_files,
+                base,
+                progress,
+            )?;
+            (stats, seen_chunks(slots)?, site)
+        }
+        Err(why) => {
+            let stats = write_changed(
+                engine,
+                &files,
+                &plan,
+                &slots,
+                None,
+                &data_files,
+                base,
+                progress,
+            )?;
+            (stats, seen_chunks(slots)?, ChecksumSite::Host { why })
+        }
     };
-    let stats = engine.write(&files, &plan, Some(&filter), progress)?;
-    let mut chunks = Vec::with_capacity(slots.len());
-    for c in slots {
-        let (xxh3, stored_in) = c
-            .seen
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Io,
-                    format!(
-                        "chunk at offset {} of data file #{} was never written",
-                        c.offset, c.file
-                    ),
-                )
-            })?;
-        chunks.push(Chunk {
-            file: c.file,
-            offset: c.offset,
-            len: c.len,
-            xxh3,
-            stored_in,
-        });
-    }
     let manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,
@@ -399,55 +412,46 @@ fn write_checkpoint(
         chunks,
     };
     write_manifest(tmp, &manifest)?;
-    Ok((manifest, stats, checksums))
+    Ok((manifest, stats, site))
 }
 
-/// Every chunk's checksum, computed by the device before any copy, where it
-/// can; `None` (and why) where it cannot, and the chunks are hashed on the
-/// host as they pass.
-fn hash_on_device(
+/// Writes the data, each window through [`keep_changed`]: the chunks the
+/// parent already holds are skipped.
+#[allow(clippy::too_many_arguments)]
+fn write_changed(
     engine: &Engine,
+    files: &[SinkFile],
+    plan: &TransferPlan,
     slots: &[ChunkSlot],
-    placed: &[Vec<(u64, DeviceBuffer)>],
-) -> Result<(Option<Vec<u64>>, ChecksumSite)> {
-    let started = Instant::now();
-    let mut chunks = Vec::with_capacity(slots.len());
-    for c in slots {
-        let tensors = &placed[c.file];
-        let end = c.offset + c.len;
-        // The tensors overlapping the chunk: from the last starting at or
-        // before it, while they start before its end.
-        let first = tensors.partition_point(|(at, _)| *at <= c.offset).max(1) - 1;
-        let mut pieces = Vec::new();
-        for (at, data) in tensors[first..].iter().take_while(|(at, _)| *at < end) {
-            let from = c.offset.max(*at);
-            let to = end.min(at + data.len() as u64);
-            if from < to {
-                pieces.push(data.slice((from - at) as usize, (to - from) as usize)?);
-            }
-        }
-        debug_assert_eq!(
-            pieces.iter().map(|p| p.len() as u64).sum::<u64>(),
-            c.len,
-            "a chunk's pieces must cover it"
-        );
-        chunks.push(pieces);
-    }
-    Ok(match engine.device_xxh3_64(&chunks) {
-        Ok(Some(sums)) => (
-            Some(sums),
-            ChecksumSite::Device {
-                seconds: started.elapsed().as_secs_f64(),
-            },
-        ),
-        Ok(None) => (
-            None,
-            ChecksumSite::Host {
-                why: "the device has no checksum kernel".into(),
-            },
-        ),
-        Err(e) => (None, ChecksumSite::Host { why: e.to_string() }),
-    })
+    sums: Option<&[u64]>,
+    data_files: &[DataFile],
+    base: &Baseline,
+    progress: Option<Progress<'_>>,
+) -> Result<TransferStats> {
+    let filter = |file: usize, start: u64, bytes: &[u8]| -> Result<Vec<Range<u64>>> {
+        keep_changed(slots, sums, data_files, base, file, start, bytes)
+    };
+    engine.write(files, plan, Some(&filter), progress)
+}
+
+/// The chunks as [`keep_changed`] saw them; every one must have been seen.
+fn seen_chunks(slots: Vec<ChunkSlot>) -> Result<Vec<Chunk>> {
+    slots
+        .into_iter()
+        .map(|c| {
+            let seen = c.seen.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let (xxh3, stored_in) = seen.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "chunk at offset {} of data file #{} was never written",
+                        c.offset, c.file
+                    ),
+                )
+            })?;
+            Ok(c.chunk(xxh3, stored_in))
+        })
+        .collect()
 }
 
 /// Every chunk of every data file, in file order.

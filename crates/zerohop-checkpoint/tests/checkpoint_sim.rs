@@ -245,7 +245,13 @@ fn device_and_host_checksums_agree() {
     let a = dir.path("by-device");
     let saved_a = save(&on_device, &a_regions, &a, &opts(), None).unwrap();
     assert!(
-        matches!(saved_a.checksums, ChecksumSite::Device { .. }),
+        matches!(
+            saved_a.checksums,
+            ChecksumSite::Device {
+                overlapped: true,
+                ..
+            }
+        ),
         "{}",
         saved_a.checksums
     );
@@ -297,6 +303,18 @@ fn incremental_saves_write_only_changed_chunks() {
     );
     assert!(saved.written_bytes > 0);
     assert_eq!(saved.manifest.parent.as_deref(), Some("step-1"));
+    // The sums decide what to write, so the device hashed before the copies.
+    assert!(
+        matches!(
+            saved.checksums,
+            ChecksumSite::Device {
+                overlapped: false,
+                ..
+            }
+        ),
+        "{}",
+        saved.checksums
+    );
 
     // A third save on top of the second references the first's chunks
     // directly.

@@ -1,0 +1,89 @@
+//! Where a save's chunk checksums come from: the device hashes its own
+//! memory (a GPU kernel) so the host never reads the bytes to hash them;
+//! where it cannot, the I/O workers hash each chunk in staging.
+
+use crate::save::ChunkSlot;
+use std::time::Instant;
+use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
+
+/// Where a save checksummed its chunks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChecksumSite {
+    /// On the device, in this many seconds: while the data was copied and
+    /// written (`overlapped`), or before, when an incremental save needed
+    /// the sums to pick the chunks to write. Included in the save's time.
+    Device { seconds: f64, overlapped: bool },
+    /// On the host, as each chunk passed through staging (see the
+    /// transfer's worker profile), because the device could not: `why`.
+    Host { why: String },
+}
+
+impl std::fmt::Display for ChecksumSite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChecksumSite::Device {
+                seconds,
+                overlapped,
+            } => write!(
+                f,
+                "on the device {}, in {:.1} ms",
+                if *overlapped {
+                    "while the data was written"
+                } else {
+                    "before the copies"
+                },
+                seconds * 1e3
+            ),
+            ChecksumSite::Host { why } => write!(f, "on the host in staging ({why})"),
+        }
+    }
+}
+
+/// Whether the engine's device can hash chunks itself; if not, why.
+pub(crate) fn device_can_hash(engine: &Engine) -> std::result::Result<(), String> {
+    match engine.device_xxh3_64(&[]) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err("the device has no checksum kernel".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Every chunk's checksum, computed by the device, and the seconds it took.
+pub(crate) fn on_device(engine: &Engine, pieces: &[Vec<DeviceBuffer>]) -> Result<(Vec<u64>, f64)> {
+    let started = Instant::now();
+    let sums = engine
+        .device_xxh3_64(pieces)?
+        .ok_or_else(|| Error::new(ErrorKind::Device, "the device stopped offering checksums"))?;
+    Ok((sums, started.elapsed().as_secs_f64()))
+}
+
+/// Each chunk's bytes as slices of the tensors it overlaps, in order;
+/// `placed` holds each data file's tensors by file offset, in file order.
+pub(crate) fn chunk_pieces(
+    slots: &[ChunkSlot],
+    placed: &[Vec<(u64, DeviceBuffer)>],
+) -> Result<Vec<Vec<DeviceBuffer>>> {
+    let mut chunks = Vec::with_capacity(slots.len());
+    for c in slots {
+        let tensors = &placed[c.file];
+        let end = c.offset + c.len;
+        // From the last tensor starting at or before the chunk, while they
+        // start before its end.
+        let first = tensors.partition_point(|(at, _)| *at <= c.offset).max(1) - 1;
+        let mut pieces = Vec::new();
+        for (at, data) in tensors[first..].iter().take_while(|(at, _)| *at < end) {
+            let from = c.offset.max(*at);
+            let to = end.min(at + data.len() as u64);
+            if from < to {
+                pieces.push(data.slice((from - at) as usize, (to - from) as usize)?);
+            }
+        }
+        debug_assert_eq!(
+            pieces.iter().map(|p| p.len() as u64).sum::<u64>(),
+            c.len,
+            "a chunk's pieces must cover it"
+        );
+        chunks.push(pieces);
+    }
+    Ok(chunks)
+}
