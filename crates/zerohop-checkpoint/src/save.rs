@@ -345,18 +345,8 @@ fn write_checkpoint(
         Ok(()) if base.name.is_none() => {
             // Nothing is compared with a parent, so nothing waits for the
             // sums: the device hashes while the data is copied and written.
-            let (stats, hashed) = std::thread::scope(|s| {
-                let hashing = s.spawn(|| checksums::on_device(engine, &pieces));
-                let stats = engine.write(&files, &plan, None, progress);
-                let hashed = hashing.join().unwrap_or_else(|_| {
-                    Err(Error::new(
-                        ErrorKind::Device,
-                        "the checksum thread panicked",
-                    ))
-                });
-                (stats, hashed)
-            });
-            let (stats, (sums, seconds)) = (stats?, hashed?);
+            let (stats, sums, seconds) =
+                write_while_hashing(engine, &files, &plan, &pieces, progress)?;
             let chunks = slots
                 .iter()
                 .zip(sums)
@@ -368,36 +358,31 @@ fn write_checkpoint(
             };
             (stats, chunks, site)
         }
-        Ok(()) => {
-            let (sums, seconds) = checksums::on_device(engine, &pieces)?;
-            let site = ChecksumSite::Device {
-                seconds,
-                overlapped: false,
+        can => {
+            let (sums, site) = match can {
+                Ok(()) => {
+                    let (sums, seconds) = checksums::on_device(engine, &pieces)?;
+                    let site = ChecksumSite::Device {
+                        seconds,
+                        overlapped: false,
+                    };
+                    (Some(sums), site)
+                }
+                Err(why) => (None, ChecksumSite::Host { why }),
             };
-            let stats = write_changed(
-                engine,
-                &files,
-                &plan,
-                &slots,
-                Some(&sums),
-                &data_files,
-                base,
-                progress,
-            )?;
+            let filter = |file: usize, start: u64, bytes: &[u8]| -> Result<Vec<Range<u64>>> {
+                keep_changed(
+                    &slots,
+                    sums.as_deref(),
+                    &data_files,
+                    base,
+                    file,
+                    start,
+                    bytes,
+                )
+            };
+            let stats = engine.write(&files, &plan, Some(&filter), progress)?;
             (stats, seen_chunks(slots)?, site)
-        }
-        Err(why) => {
-            let stats = write_changed(
-                engine,
-                &files,
-                &plan,
-                &slots,
-                None,
-                &data_files,
-                base,
-                progress,
-            )?;
-            (stats, seen_chunks(slots)?, ChecksumSite::Host { why })
         }
     };
     let manifest = Manifest {
@@ -415,23 +400,28 @@ fn write_checkpoint(
     Ok((manifest, stats, site))
 }
 
-/// Writes the data, each window through [`keep_changed`]: the chunks the
-/// parent already holds are skipped.
-#[allow(clippy::too_many_arguments)]
-fn write_changed(
+/// Writes every byte of `plan` while the device hashes `pieces`; returns
+/// the transfer, the sums and the seconds the hashing took.
+fn write_while_hashing(
     engine: &Engine,
     files: &[SinkFile],
     plan: &TransferPlan,
-    slots: &[ChunkSlot],
-    sums: Option<&[u64]>,
-    data_files: &[DataFile],
-    base: &Baseline,
+    pieces: &[Vec<DeviceBuffer>],
     progress: Option<Progress<'_>>,
-) -> Result<TransferStats> {
-    let filter = |file: usize, start: u64, bytes: &[u8]| -> Result<Vec<Range<u64>>> {
-        keep_changed(slots, sums, data_files, base, file, start, bytes)
-    };
-    engine.write(files, plan, Some(&filter), progress)
+) -> Result<(TransferStats, Vec<u64>, f64)> {
+    let (stats, hashed) = std::thread::scope(|s| {
+        let hashing = s.spawn(|| checksums::on_device(engine, pieces));
+        let stats = engine.write(files, plan, None, progress);
+        let hashed = hashing.join().unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorKind::Device,
+                "the checksum thread panicked",
+            ))
+        });
+        (stats, hashed)
+    });
+    let (stats, (sums, seconds)) = (stats?, hashed?);
+    Ok((stats, sums, seconds))
 }
 
 /// The chunks as [`keep_changed`] saw them; every one must have been seen.

@@ -88,56 +88,44 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         gib(a.size)
     ));
 
-    // The storage limits, measured first with the same bytes.
+    // The storage limits, measured first with the same bytes. Data to save
+    // sits in RAM, never in the CPU's caches, so the raw write from RAM is
+    // the limit for any writer of real data (on a memory file system, a
+    // copy from RAM to RAM); the cached source shows the file system alone.
     let mut raw_write = Vec::new();
-    let mut raw_read = Vec::new();
-    for t in [threads, 2 * threads] {
-        let files = raw_write_files(&a.dir, a.size, t, Source::Cached)?;
-        say(format!(
-            "limit    raw write ({}, {t} files in parallel, fsync, {}): {:.2} GB/s",
-            files.how,
-            Source::Cached,
-            files.gbps
-        ));
-        raw_write.push(Rate {
-            how: format!("{} x{t}", files.how),
-            gbps: files.gbps,
-        });
-        if t == threads {
-            // Reads of the same files at 1x and 2x the readers.
-            for r in [threads, 2 * threads] {
-                let (how, gbps) = raw_read_files(&files.paths, r)?;
-                say(format!(
-                    "limit    raw read ({how}, {r} readers over {t} files): {gbps:.2} GB/s"
-                ));
-                raw_read.push(Rate {
-                    how: format!("{how} x{r}"),
-                    gbps,
-                });
-            }
-        }
-        for p in &files.paths {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-    // Data to save sits in RAM, never in the CPU's caches: writing from
-    // RAM is the limit for any writer of real data (on a memory file
-    // system it is a copy from RAM to RAM).
     let mut raw_write_from_ram = Vec::new();
-    for t in [threads, 2 * threads] {
-        let files = raw_write_files(&a.dir, a.size, t, Source::Ram)?;
-        say(format!(
-            "limit    raw write ({}, {t} files in parallel, fsync, {}): {:.2} GB/s",
-            files.how,
-            Source::Ram,
-            files.gbps
-        ));
-        raw_write_from_ram.push(Rate {
-            how: format!("{} x{t}", files.how),
-            gbps: files.gbps,
-        });
-        for p in &files.paths {
-            let _ = std::fs::remove_file(p);
+    let mut raw_read = Vec::new();
+    for source in [Source::Cached, Source::Ram] {
+        for t in [threads, 2 * threads] {
+            let files = raw_write_files(&a.dir, a.size, t, source)?;
+            say(format!(
+                "limit    raw write ({}, {t} files in parallel, fsync, {source}): {:.2} GB/s",
+                files.how, files.gbps
+            ));
+            let rate = Rate {
+                how: format!("{} x{t}", files.how),
+                gbps: files.gbps,
+            };
+            match source {
+                Source::Cached => raw_write.push(rate),
+                Source::Ram => raw_write_from_ram.push(rate),
+            }
+            if matches!(source, Source::Cached) && t == threads {
+                // Reads of the same files at 1x and 2x the readers.
+                for r in [threads, 2 * threads] {
+                    let (how, gbps) = raw_read_files(&files.paths, r)?;
+                    say(format!(
+                        "limit    raw read ({how}, {r} readers over {t} files): {gbps:.2} GB/s"
+                    ));
+                    raw_read.push(Rate {
+                        how: format!("{how} x{r}"),
+                        gbps,
+                    });
+                }
+            }
+            for p in &files.paths {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
     let best_write = raw_write.iter().map(|r| r.gbps).fold(0.0, f64::max);

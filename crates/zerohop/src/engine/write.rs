@@ -79,8 +79,8 @@ impl Engine {
     /// XXH3-64 (seed 0) of each chunk of device memory, a chunk being its
     /// buffers' bytes one after another, computed by the device once the
     /// work queued on the buffers' streams is done; `Ok(None)` where the
-    /// device cannot (see [`crate::Device::xxh3_64`]). Checkpoints hash
-    /// this way before a save so the host never reads the bytes to hash.
+    /// device cannot (see [`crate::Device::xxh3_64`]). Checkpoint saves
+    /// hash this way so the host never reads the bytes to hash them.
     pub fn device_xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>> {
         let kind = self.device.kind();
         if let Some(b) = chunks.iter().flatten().find(|b| b.device() != kind) {
