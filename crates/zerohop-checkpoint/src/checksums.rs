@@ -2,7 +2,9 @@
 //! memory (a GPU kernel) so the host never reads the bytes to hash them;
 //! where it cannot, the I/O workers hash each chunk in staging.
 
+use crate::manifest::{chunk_checksum, DataFile};
 use crate::save::ChunkSlot;
+use std::path::Path;
 use std::time::Instant;
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
 
@@ -48,13 +50,42 @@ pub(crate) fn device_can_hash(engine: &Engine) -> std::result::Result<(), String
     }
 }
 
+/// Every chunk's checksum from the device, and the seconds it took.
+pub(crate) type DeviceSums = Result<(Vec<u64>, f64)>;
+
 /// Every chunk's checksum, computed by the device, and the seconds it took.
-pub(crate) fn on_device(engine: &Engine, pieces: &[Vec<DeviceBuffer>]) -> Result<(Vec<u64>, f64)> {
+pub(crate) fn on_device(engine: &Engine, pieces: &[Vec<DeviceBuffer>]) -> DeviceSums {
     let started = Instant::now();
     let sums = engine
         .device_xxh3_64(pieces)?
         .ok_or_else(|| Error::new(ErrorKind::Device, "the device stopped offering checksums"))?;
     Ok((sums, started.elapsed().as_secs_f64()))
+}
+
+/// Every chunk's checksum, read back from the data files in `dir` (when
+/// the device's hashing failed after the data was written).
+pub(crate) fn from_files(
+    dir: &Path,
+    files: &[DataFile],
+    slots: &[ChunkSlot],
+) -> Result<Vec<String>> {
+    use std::os::unix::fs::FileExt;
+    let mut open = Vec::with_capacity(files.len());
+    for f in files {
+        let path = dir.join(&f.name);
+        open.push(std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open", e))?);
+    }
+    let mut buf = Vec::new();
+    slots
+        .iter()
+        .map(|c| {
+            buf.resize(c.len as usize, 0);
+            open[c.file]
+                .read_exact_at(&mut buf, c.offset)
+                .map_err(|e| Error::io(&dir.join(&files[c.file].name), "cannot read back", e))?;
+            Ok(chunk_checksum(&buf))
+        })
+        .collect()
 }
 
 /// Each chunk's bytes as slices of the tensors it overlaps, in order;

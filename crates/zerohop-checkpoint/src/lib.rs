@@ -5,10 +5,13 @@
 //!
 //! Checksums are xxh3-64: well known (xxHash), non-cryptographic, fast on
 //! a CPU (tens of GB/s per core) and parallel enough to run on a GPU. A
-//! save hashes every chunk with a kernel on the GPU before copying it, so
-//! the host never reads the bytes to hash them (where the kernel cannot
-//! run, the I/O workers hash each chunk in staging instead); restore and
-//! verify hash on the host. It catches corruption, not tampering.
+//! save hashes its chunks with a kernel on the GPU while the data is
+//! written (before, for an incremental save, which needs the sums to pick
+//! what to write), so the host does not read the bytes to hash them (it
+//! hashes only chunks of 240 bytes or less, which XXH3 treats apart); where
+//! the kernel cannot run, the I/O workers hash each chunk in staging.
+//! Restore and verify hash on the host. It catches corruption, not
+//! tampering.
 #![forbid(unsafe_code)]
 
 mod checksums;

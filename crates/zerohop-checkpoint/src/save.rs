@@ -345,29 +345,45 @@ fn write_checkpoint(
         Ok(()) if base.name.is_none() => {
             // Nothing is compared with a parent, so nothing waits for the
             // sums: the device hashes while the data is copied and written.
-            let (stats, sums, seconds) =
-                write_while_hashing(engine, &files, &plan, &pieces, progress)?;
+            let (stats, hashed) = write_while_hashing(engine, &files, &plan, &pieces, progress)?;
+            let (sums, site) = match hashed {
+                Ok((sums, seconds)) => {
+                    let sums = sums.into_iter().map(checksum_hex).collect();
+                    let site = ChecksumSite::Device {
+                        seconds,
+                        overlapped: true,
+                    };
+                    (sums, site)
+                }
+                // The data is written: hash it from the files instead.
+                Err(e) => {
+                    let why = format!("the device's hashing failed ({e}); the files were hashed");
+                    let sums = checksums::from_files(tmp, &data_files, &slots)?;
+                    (sums, ChecksumSite::Host { why })
+                }
+            };
             let chunks = slots
                 .iter()
                 .zip(sums)
-                .map(|(c, sum)| c.chunk(checksum_hex(sum), None))
+                .map(|(c, sum)| c.chunk(sum, None))
                 .collect();
-            let site = ChecksumSite::Device {
-                seconds,
-                overlapped: true,
-            };
             (stats, chunks, site)
         }
         can => {
             let (sums, site) = match can {
-                Ok(()) => {
-                    let (sums, seconds) = checksums::on_device(engine, &pieces)?;
-                    let site = ChecksumSite::Device {
-                        seconds,
-                        overlapped: false,
-                    };
-                    (Some(sums), site)
-                }
+                Ok(()) => match checksums::on_device(engine, &pieces) {
+                    Ok((sums, seconds)) => {
+                        let site = ChecksumSite::Device {
+                            seconds,
+                            overlapped: false,
+                        };
+                        (Some(sums), site)
+                    }
+                    Err(e) => {
+                        let why = format!("the device's hashing failed ({e})");
+                        (None, ChecksumSite::Host { why })
+                    }
+                },
                 Err(why) => (None, ChecksumSite::Host { why }),
             };
             let filter = |file: usize, start: u64, bytes: &[u8]| -> Result<Vec<Range<u64>>> {
@@ -401,14 +417,14 @@ fn write_checkpoint(
 }
 
 /// Writes every byte of `plan` while the device hashes `pieces`; returns
-/// the transfer, the sums and the seconds the hashing took.
+/// the transfer and the hashing's outcome (the sums and its seconds).
 fn write_while_hashing(
     engine: &Engine,
     files: &[SinkFile],
     plan: &TransferPlan,
     pieces: &[Vec<DeviceBuffer>],
     progress: Option<Progress<'_>>,
-) -> Result<(TransferStats, Vec<u64>, f64)> {
+) -> Result<(TransferStats, checksums::DeviceSums)> {
     let (stats, hashed) = std::thread::scope(|s| {
         let hashing = s.spawn(|| checksums::on_device(engine, pieces));
         let stats = engine.write(files, plan, None, progress);
@@ -420,8 +436,7 @@ fn write_while_hashing(
         });
         (stats, hashed)
     });
-    let (stats, (sums, seconds)) = (stats?, hashed?);
-    Ok((stats, sums, seconds))
+    Ok((stats?, hashed))
 }
 
 /// The chunks as [`keep_changed`] saw them; every one must have been seen.

@@ -269,6 +269,22 @@ fn device_and_host_checksums_agree() {
     assert_eq!(saved_b.written_bytes, 0, "every chunk is unchanged");
     let sums = |m: &Manifest| m.chunks.iter().map(|c| c.xxh3.clone()).collect::<Vec<_>>();
     assert_eq!(sums(&saved_a.manifest), sums(&saved_b.manifest));
+
+    // A device whose hashing fails mid-save: the written files are hashed.
+    let failing = engine_on(SimConfig {
+        fail_checksums: true,
+        ..SimConfig::default()
+    });
+    let (c_regions, _) = regions(&failing, 9);
+    let c = dir.path("by-files");
+    let saved_c = save(&failing, &c_regions, &c, &opts(), None).unwrap();
+    assert!(
+        saved_c.checksums.to_string().contains("hashing failed"),
+        "{}",
+        saved_c.checksums
+    );
+    assert_eq!(sums(&saved_a.manifest), sums(&saved_c.manifest));
+    verify(&c, 2, None).unwrap();
     let r = restore(&on_host, &b, None).unwrap();
     for (entry, buf) in r.manifest.entries.iter().zip(&r.buffers) {
         let i = b_regions.iter().position(|g| g.name == entry.name).unwrap();

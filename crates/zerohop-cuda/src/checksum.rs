@@ -116,17 +116,13 @@ impl Xxh3Kernel {
         let (jobs_at, pieces_at) = (scratch.ptr(), scratch.ptr() + jobs_bytes as u64);
         let out_at = pieces_at + pieces_bytes as u64;
         // SAFETY: both copies land inside `scratch` (sized for them) from
-        // live host vectors; they are synchronous, so they finish before the
-        // launch below reads them.
+        // host vectors that live until the stream is synchronized below;
+        // queued on the launch's own stream, they finish before the kernel
+        // reads them (a blocking copy from pageable memory may return
+        // before its bytes arrive, and runs on another stream).
         unsafe {
-            check(
-                sys::cuMemcpyHtoD_v2(jobs_at, jobs.as_ptr().cast(), jobs_bytes),
-                "cuMemcpyHtoD",
-            )?;
-            check(
-                sys::cuMemcpyHtoD_v2(pieces_at, pieces.as_ptr().cast(), pieces_bytes),
-                "cuMemcpyHtoD",
-            )?;
+            stream.copy_h2d(jobs.as_ptr().cast(), jobs_at, jobs_bytes)?;
+            stream.copy_h2d(pieces.as_ptr().cast(), pieces_at, pieces_bytes)?;
         }
         let njobs = jobs.len() as u64;
         let mut params: [*mut c_void; 4] = [

@@ -115,6 +115,13 @@ impl Device for CudaDevice {
             .get_or_init(|| Xxh3Kernel::load(&self.ctx))
             .as_ref()
             .map_err(|e| Error::from(e.clone()).context("the checksum kernel did not load"))?;
+        if let Some(b) = chunks.iter().flatten().find(|b| b.device() != self.kind()) {
+            return Err(Error::invalid(format!(
+                "a buffer of {} cannot be hashed on {}",
+                b.device(),
+                self.kind()
+            )));
+        }
         let len = |c: &Vec<DeviceBuffer>| c.iter().map(|b| b.len() as u64).sum::<u64>();
         // XXH3 hashes short inputs differently; the kernel does long ones
         // only, and short chunks (file tails) are few and small.
@@ -130,8 +137,8 @@ impl Device for CudaDevice {
                     .collect()
             })
             .collect();
-        // SAFETY: every range is a `DeviceBuffer`, memory of this device
-        // that stays allocated while `chunks` holds it (owned ones by their
+        // SAFETY: every range is a `DeviceBuffer` of this device (checked
+        // above), memory that stays allocated while `chunks` holds it (owned ones by their
         // allocation, borrowed ones as their creators vouched); the kernel
         // only reads it.
         let mut on_gpu = unsafe { kernel.hash(&long) }?.into_iter();

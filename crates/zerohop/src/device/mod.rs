@@ -250,9 +250,10 @@ pub trait Device: Send + Sync {
     ) -> Result<DeviceBuffer>;
 
     /// XXH3-64 (seed 0) of each chunk, a chunk being its buffers' bytes one
-    /// after another, computed where the memory is (a kernel on a GPU) so
-    /// the host never reads them. `Ok(None)`: this device cannot; the
-    /// caller hashes the bytes on the host as they pass through staging.
+    /// after another, computed where the memory is (a kernel on a GPU; only
+    /// chunks of 240 bytes or less are read back and hashed on the host).
+    /// `Ok(None)`: this device cannot; the caller hashes the bytes on the
+    /// host as they pass through staging.
     fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>>;
 
     /// Copies device memory back to the host, synchronously (for `--verify`).

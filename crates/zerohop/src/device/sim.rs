@@ -35,6 +35,8 @@ pub struct SimConfig {
     /// Have no checksum kernel, as a device where it cannot load: callers
     /// hash on the host instead.
     pub no_checksum_kernel: bool,
+    /// Hashing any chunk fails, as a kernel launch might.
+    pub fail_checksums: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,6 +294,9 @@ impl Device for SimDevice {
     fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>> {
         if self.config.no_checksum_kernel {
             return Ok(None);
+        }
+        if self.config.fail_checksums && !chunks.is_empty() {
+            return Err(Error::new(ErrorKind::Device, "injected checksum failure"));
         }
         let reg = self.registry.lock().unwrap();
         let mut sums = Vec::with_capacity(chunks.len());
