@@ -43,20 +43,11 @@ _TORCH_DTYPES = {
     "F8_E8M0": "float8_e8m0fnu",
 }
 
+# numpy spells the types it has as torch does; it lacks bf16 and fp8.
 _NUMPY_DTYPES = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "I16": "int16",
-    "U16": "uint16",
-    "I32": "int32",
-    "U32": "uint32",
-    "I64": "int64",
-    "U64": "uint64",
-    "F16": "float16",
-    "F32": "float32",
-    "F64": "float64",
-    "C64": "complex64",
+    name: attr
+    for name, attr in _TORCH_DTYPES.items()
+    if name != "BF16" and not name.startswith("F8_")
 }
 
 

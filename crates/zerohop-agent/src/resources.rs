@@ -4,7 +4,7 @@
 use crate::engines::{CudaEngine, Engines};
 use std::fs::File;
 use std::path::PathBuf;
-use zerohop::storage::{reopen_direct, SinkFile, SourceFile};
+use zerohop::storage::{regular_file_len, reopen_direct, SinkFile, SourceFile};
 use zerohop::{DeviceBuffer, Error, Result};
 use zerohop_cuda::{IpcMapping, VmmMapping};
 use zerohop_wire::shm::SharedMemory;
@@ -29,15 +29,7 @@ impl RegisteredFile {
                 label.display()
             )));
         }
-        let meta = file
-            .metadata()
-            .map_err(|e| Error::io(&label, "cannot stat", e))?;
-        if !meta.is_file() {
-            return Err(Error::invalid(format!(
-                "{}: not a regular file",
-                label.display()
-            )));
-        }
+        regular_file_len(&file, &label)?;
         Ok(RegisteredFile {
             direct: reopen_direct(&file),
             file,

@@ -181,6 +181,9 @@ impl Session {
         let mut results = vec![0i64; sqes.len()];
         let mut works = Vec::new();
         let mut slots = Vec::new();
+        // Each file's length, asked once per batch (checks run before any
+        // I/O of the batch, so they all see the same lengths anyway).
+        let mut lens: BTreeMap<u32, u64> = BTreeMap::new();
         for (i, sqe) in sqes.iter().enumerate() {
             let checked = ring::check_entry(
                 sqe,
@@ -193,7 +196,10 @@ impl Session {
                 // Reads must lie inside the file (no short reads).
                 Ok(())
                     if sqe.op == OP_READ
-                        && sqe.file_offset + sqe.len > self.files[&sqe.file_id].len() =>
+                        && sqe.file_offset + sqe.len
+                            > *lens
+                                .entry(sqe.file_id)
+                                .or_insert_with(|| self.files[&sqe.file_id].len()) =>
                 {
                     results[i] = -libc::EINVAL as i64
                 }
@@ -438,13 +444,17 @@ impl Session {
         if !self.greeted {
             return;
         }
-        let count = |m: Memory| self.buffers.values().filter(|b| b.memory == m).count();
+        let host_buffers = self
+            .buffers
+            .values()
+            .filter(|b| b.memory == Memory::Host)
+            .count();
         self.shared.update_client(ClientStatus {
             session: self.id,
             pid: self.pid,
             files: self.files.len(),
-            host_buffers: count(Memory::Host),
-            device_buffers: count(Memory::Cuda) + count(Memory::SimulatedDevice),
+            host_buffers,
+            device_buffers: self.buffers.len() - host_buffers,
             rings: self.rings.len(),
             bytes: self.bytes,
             ios: self.ios,
@@ -489,7 +499,7 @@ fn flush(state: &mut RingState) -> Result<(), RingCorrupt> {
         state.ring.push_completion(&cqe);
     }
     if n > 0 {
-        state.ring.wake_completions();
+        state.ring.publish_completions();
     }
     Ok(())
 }

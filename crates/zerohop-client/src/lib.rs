@@ -403,34 +403,41 @@ impl IoRing {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut out = Vec::new();
         loop {
-            // Asked before reaping: an agent that leaves posts its last
-            // completions first, so they are all reaped below.
-            let gone = agent_gone(&self.agent);
-            while out.len() < max {
-                let Some(c) = self.ring.pop_completion() else {
-                    break;
-                };
-                out.push(c);
-                self.in_flight = self.in_flight.saturating_sub(1);
-            }
+            self.reap(&mut out, max);
             if out.len() >= min.min(max) {
                 return Ok(out);
             }
-            if gone {
+            // An agent that leaves posts its last completions first, so
+            // once it is gone, one more reap finds all of them.
+            if agent_gone(&self.agent) {
+                self.reap(&mut out, max);
+                if out.len() >= min.min(max) {
+                    return Ok(out);
+                }
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionAborted,
                     "the agent closed the session (it stopped, or this client broke a rule)",
                 ));
             }
-            let poll_ms = match deadline {
+            let wait = match deadline {
                 Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(left) => left.as_millis().clamp(1, 1000) as i32,
+                    Some(left) => left.clamp(Duration::from_millis(1), Duration::from_millis(100)),
                     None => return Ok(out),
                 },
-                None => 1000,
+                None => Duration::from_millis(100),
             };
-            self.ring
-                .wait_for_completions(Duration::from_millis(poll_ms.min(100) as u64));
+            self.ring.wait_for_completions(wait);
+        }
+    }
+
+    /// Moves posted completions into `out`, up to `max` in all.
+    fn reap(&mut self, out: &mut Vec<CompletionEntry>, max: usize) {
+        while out.len() < max {
+            let Some(c) = self.ring.pop_completion() else {
+                break;
+            };
+            out.push(c);
+            self.in_flight = self.in_flight.saturating_sub(1);
         }
     }
 

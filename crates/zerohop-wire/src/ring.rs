@@ -350,18 +350,22 @@ impl Ring {
         Ok(self.entries - used)
     }
 
-    /// Writes a completion; the caller checked [`Ring::completion_room`].
+    /// Writes a completion, unseen by the client until
+    /// [`Ring::publish_completions`]; the caller checked
+    /// [`Ring::completion_room`].
     pub fn push_completion(&mut self, cqe: &CompletionEntry) {
         let at = self.cqe_offset(self.own_cq);
         for (i, w) in cqe.to_words().into_iter().enumerate() {
             self.word64(at + i * 8).store(w, Ordering::Relaxed);
         }
         self.own_cq = self.own_cq.wrapping_add(1);
-        self.word32(CQ_TAIL).store(self.own_cq, Ordering::Release);
     }
 
-    /// Wakes a client waiting in [`Ring::wait_for_completions`].
-    pub fn wake_completions(&self) {
+    /// Makes pushed completions visible to the client (one store of the
+    /// shared tail for the lot) and wakes it in
+    /// [`Ring::wait_for_completions`].
+    pub fn publish_completions(&self) {
+        self.word32(CQ_TAIL).store(self.own_cq, Ordering::Release);
         // SAFETY: FUTEX_WAKE on an aligned word of a live shared mapping;
         // it reads nothing and never blocks.
         unsafe {
@@ -464,6 +468,7 @@ mod tests {
                 });
             }
             assert_eq!(agent.completion_room().unwrap(), 0);
+            agent.publish_completions();
             for s in &got {
                 assert_eq!(client.pop_completion().unwrap().user_data, s.user_data);
             }

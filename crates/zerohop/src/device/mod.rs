@@ -252,8 +252,9 @@ pub trait Device: Send + Sync {
     /// XXH3-64 (seed 0) of each chunk, a chunk being its buffers' bytes one
     /// after another, computed where the memory is (a kernel on a GPU; only
     /// chunks of 240 bytes or less are read back and hashed on the host).
-    /// `Ok(None)`: this device cannot; the caller hashes the bytes on the
-    /// host as they pass through staging.
+    /// Buffers that are not this device's memory are an error. `Ok(None)`:
+    /// this device cannot; the caller hashes the bytes on the host as they
+    /// pass through staging.
     fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>>;
 
     /// Copies device memory back to the host, synchronously (for `--verify`).

@@ -82,7 +82,7 @@ pub fn reopen_direct(file: &File) -> Option<File> {
 
 /// The length of `file`, which must be a regular file (`label` names it in
 /// errors).
-pub(crate) fn regular_file_len(file: &File, label: &Path) -> crate::Result<u64> {
+pub fn regular_file_len(file: &File, label: &Path) -> crate::Result<u64> {
     let meta = file
         .metadata()
         .map_err(|e| crate::Error::io(label, "cannot stat", e))?;

@@ -11,7 +11,7 @@ mod sink;
 mod uring;
 
 pub use fault::{Fault, FaultyBackend, FaultyWriteBackend, WriteFault};
-pub use fds::{reopen_direct, FilePair};
+pub use fds::{regular_file_len, reopen_direct, FilePair};
 pub use file::{IoMode, SourceFile};
 pub use psync::PreadBackend;
 pub use sink::{sync_dir, write_mode, PwriteBackend, SinkFile, WriteBackend};
