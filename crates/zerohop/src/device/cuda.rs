@@ -48,6 +48,14 @@ impl CudaDevice {
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
+
+    /// The checksum kernel, loaded (compiled by the driver) on first use.
+    fn xxh3_kernel(&self) -> Result<&Xxh3Kernel> {
+        self.xxh3
+            .get_or_init(|| Xxh3Kernel::load(&self.ctx))
+            .as_ref()
+            .map_err(|e| Error::from(e.clone()).context("the checksum kernel did not load"))
+    }
 }
 
 impl Device for CudaDevice {
@@ -109,12 +117,12 @@ impl Device for CudaDevice {
         })
     }
 
-    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>> {
-        let kernel = self
-            .xxh3
-            .get_or_init(|| Xxh3Kernel::load(&self.ctx))
-            .as_ref()
-            .map_err(|e| Error::from(e.clone()).context("the checksum kernel did not load"))?;
+    fn hashes_xxh3(&self) -> Result<bool> {
+        self.xxh3_kernel().map(|_| true)
+    }
+
+    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
+        let kernel = self.xxh3_kernel()?;
         if let Some(b) = chunks.iter().flatten().find(|b| b.device() != self.kind()) {
             return Err(Error::invalid(format!(
                 "a buffer of {} cannot be hashed on {}",
@@ -156,7 +164,7 @@ impl Device for CudaDevice {
             }
             sums.push(twox_hash::XxHash3_64::oneshot(&bytes));
         }
-        Ok(Some(sums))
+        Ok(sums)
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {

@@ -249,13 +249,18 @@ pub trait Device: Send + Sync {
         stream: Option<u64>,
     ) -> Result<DeviceBuffer>;
 
+    /// Whether [`Device::xxh3_64`] runs on this device (a GPU loads its
+    /// kernel on the first call); an error says why it cannot. Where it
+    /// does not, callers hash the bytes on the host as they pass through
+    /// staging.
+    fn hashes_xxh3(&self) -> Result<bool>;
+
     /// XXH3-64 (seed 0) of each chunk, a chunk being its buffers' bytes one
     /// after another, computed where the memory is (a kernel on a GPU; only
     /// chunks of 240 bytes or less are read back and hashed on the host).
-    /// Buffers that are not this device's memory are an error. `Ok(None)`:
-    /// this device cannot; the caller hashes the bytes on the host as they
-    /// pass through staging.
-    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>>;
+    /// Buffers that are not this device's memory are an error, as is a
+    /// device where [`Device::hashes_xxh3`] is not true.
+    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>>;
 
     /// Copies device memory back to the host, synchronously (for `--verify`).
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()>;

@@ -35,7 +35,8 @@ pub struct SimConfig {
     /// Have no checksum kernel, as a device where it cannot load: callers
     /// hash on the host instead.
     pub no_checksum_kernel: bool,
-    /// Hashing any chunk fails, as a kernel launch might.
+    /// Hashing fails, as a kernel launch might (the device still says it
+    /// hashes).
     pub fail_checksums: bool,
 }
 
@@ -291,18 +292,23 @@ impl Device for SimDevice {
         Ok(buf)
     }
 
-    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>> {
+    fn hashes_xxh3(&self) -> Result<bool> {
+        Ok(!self.config.no_checksum_kernel)
+    }
+
+    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
         if self.config.no_checksum_kernel {
-            return Ok(None);
+            return Err(Error::new(ErrorKind::Device, "no checksum kernel"));
         }
-        if self.config.fail_checksums && !chunks.is_empty() {
+        if self.config.fail_checksums {
             return Err(Error::new(ErrorKind::Device, "injected checksum failure"));
         }
-        let reg = self.registry.lock().unwrap();
         let mut sums = Vec::with_capacity(chunks.len());
         for chunk in chunks {
             let mut hasher = twox_hash::XxHash3_64::with_seed(0);
             for b in chunk.iter().filter(|b| !b.is_empty()) {
+                // Held per piece, not per call: copies need the lock too.
+                let reg = self.registry.lock().unwrap();
                 if !reg.contains(b.addr(), b.len() as u64, &[Region::Device]) {
                     return Err(Error::new(
                         ErrorKind::Device,
@@ -315,7 +321,7 @@ impl Device for SimDevice {
             }
             sums.push(hasher.finish());
         }
-        Ok(Some(sums))
+        Ok(sums)
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {

@@ -78,10 +78,10 @@ impl Engine {
 
     /// XXH3-64 (seed 0) of each chunk of device memory, a chunk being its
     /// buffers' bytes one after another, computed by the device once the
-    /// work queued on the buffers' streams is done; `Ok(None)` where the
-    /// device cannot (see [`crate::Device::xxh3_64`]). Checkpoint saves
+    /// work queued on the buffers' streams is done; an error where the
+    /// device cannot (see [`crate::Device::hashes_xxh3`]). Checkpoint saves
     /// hash this way so the host never reads the bytes to hash them.
-    pub fn device_xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Option<Vec<u64>>> {
+    pub fn device_xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
         // The device refuses buffers that are not its own.
         self.wait_for_streams(
             chunks
