@@ -6,9 +6,9 @@ use pyo3::PyResult;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use zerohop::device::{SimConfig, SimDevice};
+use zerohop::device::{CudaDevice, SimConfig, SimDevice};
 use zerohop::staging::StagingConfig;
-use zerohop::{open_device, Engine, EngineConfig, Error};
+use zerohop::{Engine, EngineConfig, Error};
 
 /// Where the memory of a call lives, as the Python half names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -55,7 +55,8 @@ pub fn engine(place: Place) -> PyResult<Arc<Engine>> {
                 hot_choice_file: zerohop::hot_choice::default_file(),
                 ..EngineConfig::default()
             };
-            Engine::new(open_device(&format!("cuda:{n}")).map_err(to_py)?, config)
+            let device = CudaDevice::open(n).map_err(to_py)?;
+            Engine::new(Arc::new(device), config)
         }
         Place::Host | Place::Sim => {
             let delay = if place == Place::Sim {

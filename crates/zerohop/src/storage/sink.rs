@@ -54,12 +54,8 @@ impl SinkFile {
             .metadata()
             .map_err(|e| Error::io(path, "cannot stat", e))?
             .len();
-        if len < min_len {
-            buffered
-                .set_len(min_len)
-                .map_err(|e| Error::io(path, "cannot extend", e))?;
-        }
-        Ok(Self::with_direct(path, buffered, len.max(min_len)))
+        let len = extend_to(&buffered, path, len, min_len)?;
+        Ok(Self::with_direct(path, buffered, len))
     }
 
     /// Writes through descriptors someone else opened (see
@@ -72,13 +68,9 @@ impl SinkFile {
         min_len: u64,
     ) -> Result<Self> {
         let len = super::fds::regular_file_len(&buffered, label)?;
-        if len < min_len {
-            buffered
-                .set_len(min_len)
-                .map_err(|e| Error::io(label, "cannot extend", e))?;
-        }
+        let len = extend_to(&buffered, label, len, min_len)?;
         Ok(SinkFile {
-            fds: FilePair::new(label, buffered, direct, len.max(min_len)),
+            fds: FilePair::new(label, buffered, direct, len),
             sync_parent: false,
         })
     }
@@ -149,4 +141,14 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io(dir, "cannot sync directory", e))
+}
+
+/// Extends `file` (now `len` bytes) to `min_len` if it is shorter; returns
+/// its length after.
+fn extend_to(file: &File, label: &Path, len: u64, min_len: u64) -> Result<u64> {
+    if len < min_len {
+        file.set_len(min_len)
+            .map_err(|e| Error::io(label, "cannot extend", e))?;
+    }
+    Ok(len.max(min_len))
 }
