@@ -124,7 +124,11 @@ impl Session {
         loop {
             let stopping = self.shared.stopping.load(Ordering::SeqCst);
             let waiting = self.rings.values().any(|r| !r.waiting.is_empty());
-            let timeout = if waiting || stopping { 1 } else { 1000 };
+            let timeout = if waiting || stopping {
+                Duration::from_millis(1)
+            } else {
+                Duration::from_secs(1)
+            };
             let ready = match self.wakeups.as_ref().expect("set above").wait(timeout) {
                 Ok(r) => r,
                 Err(e) => return End::Broken(format!("epoll failed: {e}")),

@@ -3,7 +3,7 @@
 //! Host buffers and simulated device buffers; no GPU needed.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -278,7 +278,7 @@ fn bad_entries_get_error_completions_and_the_session_goes_on() {
 }
 
 /// Sends raw bytes (and descriptors) as one control message; the reply.
-fn exchange(conn: &impl AsRawFd, bytes: &[u8], fds: &[i32]) -> Reply {
+fn exchange(conn: &impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Reply {
     control::send(conn, bytes, fds).unwrap();
     let (reply, _) = control::recv(conn).unwrap().expect("a reply");
     control::decode_reply(&reply).unwrap()
@@ -306,7 +306,7 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
         code(exchange(
             &conn,
             &control::encode(&Request::RegisterFile),
-            &[plain.as_raw_fd()]
+            &[plain.as_fd()]
         )),
         libc::EPROTO
     );
@@ -349,18 +349,18 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
     );
     let host = control::encode(&Request::RegisterHostBuffer { len: 4 });
     assert_eq!(
-        code(exchange(&conn, &host, &[plain.as_raw_fd()])),
+        code(exchange(&conn, &host, &[plain.as_fd()])),
         libc::EINVAL
     );
     let shm = SharedMemory::create("small", 4096).unwrap();
     let big = control::encode(&Request::RegisterHostBuffer { len: 1 << 20 });
     assert_eq!(
-        code(exchange(&conn, &big, &[shm.file().as_raw_fd()])),
+        code(exchange(&conn, &big, &[shm.file().as_fd()])),
         libc::EINVAL,
         "memfd smaller than claimed"
     );
     let ring = control::encode(&Request::RegisterRing { entries: 8 });
-    let fds = [shm.file().as_raw_fd(), plain.as_raw_fd(), plain.as_raw_fd()];
+    let fds = [shm.file().as_fd(), plain.as_fd(), plain.as_fd()];
     assert_eq!(
         code(exchange(&conn, &ring, &fds)),
         libc::EINVAL,
@@ -399,7 +399,7 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
     };
     let reg = control::encode(&Request::RegisterFile);
     assert_eq!(
-        code(exchange(&conn, &reg, &[path_only.as_raw_fd()])),
+        code(exchange(&conn, &reg, &[path_only.as_fd()])),
         libc::EINVAL
     );
     let d = File::open(&dir.0).unwrap();
@@ -407,7 +407,7 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
         code(exchange(
             &conn,
             &control::encode(&Request::RegisterFile),
-            &[d.as_raw_fd()]
+            &[d.as_fd()]
         )),
         libc::EINVAL
     );
@@ -416,7 +416,7 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
         exchange(
             &conn,
             &control::encode(&Request::RegisterFile),
-            &[plain.as_raw_fd()]
+            &[plain.as_fd()]
         ),
         Reply::Ok { id: Some(_) }
     ));
