@@ -32,6 +32,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 use zerohop_wire::socket;
 
 /// How to run the agent.
@@ -86,7 +87,7 @@ pub fn run(config: &AgentConfig) -> zerohop::Result<()> {
     let mut sessions: Vec<std::thread::JoinHandle<()>> = Vec::new();
     let mut next_session = 1u64;
     loop {
-        let ready = socket::wait_readable(&[&listener, &signals], 1000)
+        let ready = socket::wait_readable(&[&listener, &signals], Some(Duration::from_secs(1)))
             .map_err(|e| zerohop::Error::io(&config.socket, "cannot wait on", e))?;
         sessions.retain(|h| !h.is_finished());
         if ready[1] {
@@ -154,17 +155,20 @@ fn bind(path: &Path, group_access: bool) -> zerohop::Result<OwnedFd> {
 }
 
 /// Blocks SIGTERM and SIGINT in every thread (threads started later inherit
-/// the mask) and returns a signalfd that reads them.
+/// the mask) and returns a signalfd that reads them. Through libc: rustix
+/// has no signalfd.
 fn block_stop_signals() -> io::Result<OwnedFd> {
     // SAFETY: sigset operations on a local set; pthread_sigmask and
-    // signalfd take valid pointers to it.
+    // signalfd take valid pointers to it, and the descriptor signalfd
+    // returns is fresh, owned by nobody else.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err(io::Error::last_os_error());
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
         }
         let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC);
         if fd < 0 {

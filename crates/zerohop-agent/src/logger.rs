@@ -1,8 +1,9 @@
-//! Log lines on stderr: `LEVEL time message`, filtered by level.
+//! Log lines on stderr: `LEVEL time message`, filtered by level; the time
+//! in RFC 3339 (UTC, milliseconds), readable and sortable.
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 use std::io::Write;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 struct StderrLog;
 
@@ -15,26 +16,28 @@ impl Log for StderrLog {
         if !self.enabled(r.metadata()) {
             return;
         }
-        let t = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let level = match r.level() {
-            Level::Error => "ERROR",
-            Level::Warn => "WARN ",
-            Level::Info => "INFO ",
-            Level::Debug => "DEBUG",
-            Level::Trace => "TRACE",
-        };
         let _ = writeln!(
             std::io::stderr().lock(),
-            "{level} {}.{:03} {}",
-            t.as_secs(),
-            t.subsec_millis(),
-            r.args()
+            "{}",
+            line(r.level(), SystemTime::now(), r.args())
         );
     }
 
     fn flush(&self) {}
+}
+
+fn line(level: Level, time: SystemTime, message: &std::fmt::Arguments<'_>) -> String {
+    let level = match level {
+        Level::Error => "ERROR",
+        Level::Warn => "WARN ",
+        Level::Info => "INFO ",
+        Level::Debug => "DEBUG",
+        Level::Trace => "TRACE",
+    };
+    format!(
+        "{level} {} {message}",
+        humantime::format_rfc3339_millis(time)
+    )
 }
 
 /// Starts logging at `level` (`error`, `warn`, `info`, `debug`, `trace`).
@@ -46,4 +49,19 @@ pub fn init_logging(level: &str) -> Result<(), String> {
     log::set_logger(&LOGGER).map_err(|e| e.to_string())?;
     log::set_max_level(filter);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn lines_carry_a_readable_utc_time() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_764_547_200_250);
+        assert_eq!(
+            line(Level::Warn, t, &format_args!("agent pid {} stopped", 7)),
+            "WARN  2025-12-01T00:00:00.250Z agent pid 7 stopped"
+        );
+    }
 }

@@ -19,11 +19,10 @@ pub struct RegisteredFile {
 impl RegisteredFile {
     pub fn new(file: File, label: String) -> Result<Self> {
         let label = PathBuf::from(label);
-        // SAFETY: F_GETFL on a descriptor we hold has no memory effects.
-        let flags = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_GETFL) };
         // An O_PATH descriptor grants no I/O; reopening it (for O_DIRECT)
         // would read with the agent's rights instead of the client's.
-        if flags < 0 || flags & libc::O_PATH != 0 {
+        let flags = rustix::fs::fcntl_getfl(&file);
+        if flags.is_err() || flags.is_ok_and(|f| f.contains(rustix::fs::OFlags::PATH)) {
             return Err(Error::invalid(format!(
                 "{}: an O_PATH descriptor cannot be read or written",
                 label.display()

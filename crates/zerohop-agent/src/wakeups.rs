@@ -3,8 +3,12 @@
 //! edge-triggered and never read: they belong to the client, who could make
 //! a read or write on them block.
 
+use rustix::event::epoll::{self, CreateFlags, Event, EventData, EventFlags};
+use rustix::io::Errno;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
 
 pub struct Wakeups {
     epoll: OwnedFd,
@@ -12,59 +16,61 @@ pub struct Wakeups {
 
 impl Wakeups {
     pub fn new() -> io::Result<Self> {
-        // SAFETY: plain epoll creation; the descriptor is owned below.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor nobody else owns.
         Ok(Wakeups {
-            epoll: unsafe { OwnedFd::from_raw_fd(fd) },
+            epoll: epoll::create(CreateFlags::CLOEXEC)?,
         })
     }
 
     /// Watches `fd` for input, reporting `token`; `edge`: once per new
     /// write rather than while readable.
-    pub fn watch(&self, fd: &impl AsRawFd, token: u64, edge: bool) -> io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | if edge { libc::EPOLLET } else { 0 }) as u32,
-            u64: token,
-        };
-        // SAFETY: registers a descriptor we hold; `ev` is a valid event.
-        let rc = unsafe {
-            libc::epoll_ctl(
-                self.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                fd.as_raw_fd(),
-                &mut ev,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
+    pub fn watch(&self, fd: &impl AsFd, token: u64, edge: bool) -> io::Result<()> {
+        let mut flags = EventFlags::IN;
+        if edge {
+            flags |= EventFlags::ET;
         }
-        Ok(())
+        Ok(epoll::add(
+            &self.epoll,
+            fd,
+            EventData::new_u64(token),
+            flags,
+        )?)
     }
 
-    /// The tokens of what became ready within `timeout_ms`.
-    pub fn wait(&self, timeout_ms: i32) -> io::Result<Vec<u64>> {
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 32];
-        // SAFETY: `events` is a live array of its length.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.epoll.as_raw_fd(),
-                events.as_mut_ptr(),
-                events.len() as i32,
-                timeout_ms,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(Vec::new())
-            } else {
-                Err(e)
-            };
+    /// The tokens of what became ready within `timeout`.
+    pub fn wait(&self, timeout: Duration) -> io::Result<Vec<u64>> {
+        let mut events = [MaybeUninit::<Event>::uninit(); 32];
+        let timeout = rustix::event::Timespec::try_from(timeout).ok();
+        match epoll::wait(&self.epoll, &mut events, timeout.as_ref()) {
+            Ok((ready, _)) => Ok(ready.iter().map(|e| e.data.u64()).collect()),
+            Err(Errno::INTR) => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
         }
-        Ok(events[..n as usize].iter().map(|e| e.u64).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edge_triggered_watches_report_each_new_write_once() {
+        let w = Wakeups::new().unwrap();
+        let (level, edge) = (
+            zerohop_wire::socket::eventfd().unwrap(),
+            zerohop_wire::socket::eventfd().unwrap(),
+        );
+        w.watch(&level, 1, false).unwrap();
+        w.watch(&edge, 2, true).unwrap();
+        assert!(w.wait(Duration::ZERO).unwrap().is_empty());
+        zerohop_wire::socket::signal(&level);
+        zerohop_wire::socket::signal(&edge);
+        let mut first = w.wait(Duration::from_secs(5)).unwrap();
+        first.sort();
+        assert_eq!(first, [1, 2]);
+        // Neither was read: the level watch fires again, the edge one not.
+        assert_eq!(w.wait(Duration::ZERO).unwrap(), [1]);
+        zerohop_wire::socket::signal(&edge);
+        let again = w.wait(Duration::ZERO).unwrap();
+        assert!(again.contains(&2));
     }
 }

@@ -3,7 +3,7 @@
 //! Host buffers and simulated device buffers; no GPU needed.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -278,7 +278,7 @@ fn bad_entries_get_error_completions_and_the_session_goes_on() {
 }
 
 /// Sends raw bytes (and descriptors) as one control message; the reply.
-fn exchange(conn: &impl AsRawFd, bytes: &[u8], fds: &[i32]) -> Reply {
+fn exchange(conn: &impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Reply {
     control::send(conn, bytes, fds).unwrap();
     let (reply, _) = control::recv(conn).unwrap().expect("a reply");
     control::decode_reply(&reply).unwrap()
@@ -306,7 +306,7 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
         code(exchange(
             &conn,
             &control::encode(&Request::RegisterFile),
-            &[plain.as_raw_fd()]
+            &[plain.as_fd()]
         )),
         libc::EPROTO
     );
@@ -348,19 +348,16 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
         libc::EINVAL
     );
     let host = control::encode(&Request::RegisterHostBuffer { len: 4 });
-    assert_eq!(
-        code(exchange(&conn, &host, &[plain.as_raw_fd()])),
-        libc::EINVAL
-    );
+    assert_eq!(code(exchange(&conn, &host, &[plain.as_fd()])), libc::EINVAL);
     let shm = SharedMemory::create("small", 4096).unwrap();
     let big = control::encode(&Request::RegisterHostBuffer { len: 1 << 20 });
     assert_eq!(
-        code(exchange(&conn, &big, &[shm.file().as_raw_fd()])),
+        code(exchange(&conn, &big, &[shm.file().as_fd()])),
         libc::EINVAL,
         "memfd smaller than claimed"
     );
     let ring = control::encode(&Request::RegisterRing { entries: 8 });
-    let fds = [shm.file().as_raw_fd(), plain.as_raw_fd(), plain.as_raw_fd()];
+    let fds = [shm.file().as_fd(), plain.as_fd(), plain.as_fd()];
     assert_eq!(
         code(exchange(&conn, &ring, &fds)),
         libc::EINVAL,
@@ -399,7 +396,7 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
     };
     let reg = control::encode(&Request::RegisterFile);
     assert_eq!(
-        code(exchange(&conn, &reg, &[path_only.as_raw_fd()])),
+        code(exchange(&conn, &reg, &[path_only.as_fd()])),
         libc::EINVAL
     );
     let d = File::open(&dir.0).unwrap();
@@ -407,7 +404,7 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
         code(exchange(
             &conn,
             &control::encode(&Request::RegisterFile),
-            &[d.as_raw_fd()]
+            &[d.as_fd()]
         )),
         libc::EINVAL
     );
@@ -416,7 +413,7 @@ fn malformed_control_messages_are_refused_and_the_session_goes_on() {
         exchange(
             &conn,
             &control::encode(&Request::RegisterFile),
-            &[plain.as_raw_fd()]
+            &[plain.as_fd()]
         ),
         Reply::Ok { id: Some(_) }
     ));
@@ -647,22 +644,63 @@ fn the_socket_is_private_and_one_agent_owns_it() {
     assert!(String::from_utf8_lossy(&status.stdout).contains("clients  0"));
 }
 
+/// Builds `libzerohop_client.so` with the cargo and the profile that built
+/// this test (so into the same target directory: nothing is compiled twice)
+/// and returns the folder that holds it. A nested cargo cannot deadlock on
+/// the target directory's lock: `cargo test` releases it before running
+/// tests.
+fn build_c_library() -> PathBuf {
+    let exe_dir = Path::new(env!("CARGO_BIN_EXE_zerohop")).parent().unwrap();
+    let profile = match exe_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(name) => name,
+    };
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "--locked", "--lib", "-p", "zerohop-client"])
+        .args(["--profile", profile, "--message-format", "json"])
+        .arg("--manifest-path")
+        .arg(&workspace)
+        .output()
+        .expect("cannot run cargo to build libzerohop_client.so");
+    assert!(
+        built.status.success(),
+        "cargo build -p zerohop-client failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    // Where cargo put it (the target directory and layout are cargo's).
+    let library = String::from_utf8_lossy(&built.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "zerohop_client")
+        .flat_map(|m| m["filenames"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|f| f.file_name().is_some_and(|n| n == "libzerohop_client.so"))
+        .expect("cargo built no libzerohop_client.so");
+    library.parent().unwrap().to_path_buf()
+}
+
+/// The C compiler: `$CC`, else `cc`. Its absence is a failure, not a skip:
+/// the C ABI is tested only here.
+fn c_compiler() -> String {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let found = Command::new(&cc).arg("--version").output();
+    assert!(
+        found.is_ok_and(|o| o.status.success()),
+        "no C compiler ({cc}): the C example test needs one; install gcc or clang \
+         (e.g. `apt install gcc`), or point CC at one"
+    );
+    cc
+}
+
 #[test]
 fn the_c_example_copies_a_file() {
-    let lib_dir = Path::new(env!("CARGO_BIN_EXE_zerohop"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    if !lib_dir.join("libzerohop_client.so").exists()
-        || Command::new("cc").arg("--version").output().is_err()
-    {
-        eprintln!("skipped: no C compiler or libzerohop_client.so not built");
-        return;
-    }
+    let cc = c_compiler();
+    let lib_dir = build_c_library();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zerohop-client");
     let dir = TempDir::new("c");
     let exe = dir.0.join("copy_file");
-    let cc = Command::new("cc")
+    let compiled = Command::new(&cc)
         .args(["-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
         .arg("-I")
@@ -674,9 +712,9 @@ fn the_c_example_copies_a_file() {
         .output()
         .unwrap();
     assert!(
-        cc.status.success(),
+        compiled.status.success(),
         "{}",
-        String::from_utf8_lossy(&cc.stderr)
+        String::from_utf8_lossy(&compiled.stderr)
     );
     let agent = Agent::start(&[]);
     let data = pattern(3_000_001, 6);

@@ -4,12 +4,12 @@
 //! negative errno on failure; none unwinds into C.
 
 use crate::{Client, HostBuffer, IoRing, Submission};
+use rustix::io::Errno;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::fs::File;
 use std::io;
-use std::mem::ManuallyDrop;
-use std::os::fd::FromRawFd;
+use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -47,14 +47,17 @@ pub struct ZhCqe {
 }
 
 fn code(e: io::Error) -> c_int {
-    -e.raw_os_error().unwrap_or(match e.kind() {
-        io::ErrorKind::NotFound => libc::ENOENT,
-        io::ErrorKind::PermissionDenied => libc::EACCES,
-        io::ErrorKind::InvalidInput => libc::EINVAL,
-        io::ErrorKind::WouldBlock => libc::EAGAIN,
-        io::ErrorKind::ConnectionAborted => libc::ESHUTDOWN,
-        _ => libc::EIO,
-    })
+    -e.raw_os_error().unwrap_or(
+        match e.kind() {
+            io::ErrorKind::NotFound => Errno::NOENT,
+            io::ErrorKind::PermissionDenied => Errno::ACCESS,
+            io::ErrorKind::InvalidInput => Errno::INVAL,
+            io::ErrorKind::WouldBlock => Errno::AGAIN,
+            io::ErrorKind::ConnectionAborted => Errno::SHUTDOWN,
+            _ => Errno::IO,
+        }
+        .raw_os_error(),
+    )
 }
 
 /// Runs `f`, turning errors and panics into negative errnos.
@@ -62,7 +65,7 @@ fn guard(f: impl FnOnce() -> io::Result<c_int>) -> c_int {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(n)) => n,
         Ok(Err(e)) => code(e),
-        Err(_) => -libc::EIO,
+        Err(_) => -Errno::IO.raw_os_error(),
     }
 }
 
@@ -188,12 +191,18 @@ pub unsafe extern "C" fn zh_reg_fd(client: *mut ZhClient, fd: c_int) -> c_int {
     guard(|| {
         // SAFETY: per the contract.
         let c = unsafe { client.as_ref() }.ok_or_else(|| invalid("null client"))?;
-        // SAFETY: borrows the caller's descriptor without taking ownership
-        // (ManuallyDrop: never closed here).
-        let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+        if fd < 0 {
+            return Err(Errno::BADF.into());
+        }
+        // SAFETY: the caller keeps `fd` open during the call (the
+        // contract); it is borrowed, never closed here.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        // A duplicate to register (the agent receives one anyway), closed
+        // when this call returns.
+        let file = File::from(borrowed.try_clone_to_owned()?);
         let mut files = c.files.lock().unwrap_or_else(|p| p.into_inner());
         if files.contains_key(&fd) {
-            return Err(io::Error::from_raw_os_error(libc::EEXIST));
+            return Err(io::Error::from(Errno::EXIST));
         }
         let id = c.client.register_file(&file)?;
         files.insert(fd, id);
@@ -213,7 +222,7 @@ pub unsafe extern "C" fn zh_dereg_fd(client: *mut ZhClient, fd: c_int) -> c_int 
             .lock()
             .unwrap()
             .remove(&fd)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+            .ok_or_else(|| io::Error::from(Errno::BADF))?;
         c.client.deregister_file(id)?;
         Ok(0)
     })
@@ -286,11 +295,11 @@ pub unsafe extern "C" fn zh_prep_io(
             .lock()
             .unwrap()
             .get(&fd)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))?;
+            .ok_or_else(|| io::Error::from(Errno::BADF))?;
         let at = (ptr as u64)
             .checked_sub(iov.base as u64)
             .filter(|o| o.checked_add(len).is_some_and(|end| end <= iov.size));
-        let at = at.ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
+        let at = at.ok_or_else(|| io::Error::from(Errno::FAULT))?;
         let op = if read { OP_READ } else { OP_WRITE };
         r.ring.prepare(Submission::raw(
             op,

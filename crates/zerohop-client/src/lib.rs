@@ -20,7 +20,7 @@ mod capi;
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -99,8 +99,7 @@ impl Client {
         let trusted = std::env::var("ZEROHOP_AGENT_UID")
             .ok()
             .and_then(|u| u.parse::<u32>().ok());
-        // SAFETY: getuid cannot fail.
-        let me = unsafe { libc::getuid() };
+        let me = rustix::process::getuid().as_raw();
         match socket::peer(&conn) {
             Some((_, uid)) if uid == me || uid == 0 || Some(uid) == trusted => {}
             other => {
@@ -127,7 +126,7 @@ impl Client {
         Ok(client)
     }
 
-    fn call(&self, request: &Request, fds: &[&dyn AsRawFd]) -> io::Result<Option<u32>> {
+    fn call(&self, request: &Request, fds: &[BorrowedFd<'_>]) -> io::Result<Option<u32>> {
         match self.exchange(request, fds)? {
             Reply::Ok { id } => Ok(id),
             Reply::Error { code, message } => Err(agent_error(code, message)),
@@ -135,15 +134,14 @@ impl Client {
         }
     }
 
-    fn exchange(&self, request: &Request, fds: &[&dyn AsRawFd]) -> io::Result<Reply> {
+    fn exchange(&self, request: &Request, fds: &[BorrowedFd<'_>]) -> io::Result<Reply> {
         let socket = self.lock();
-        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-        control::send(&*socket, &control::encode(request), &raw)?;
+        control::send(&*socket, &control::encode(request), fds)?;
         let (bytes, _) = control::recv(&*socket)?.ok_or(io::ErrorKind::UnexpectedEof)?;
         control::decode_reply(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 
-    fn id(&self, request: &Request, fds: &[&dyn AsRawFd]) -> io::Result<u32> {
+    fn id(&self, request: &Request, fds: &[BorrowedFd<'_>]) -> io::Result<u32> {
         self.call(request, fds)?
             .ok_or_else(|| io::Error::other("the agent answered without an id"))
     }
@@ -151,7 +149,7 @@ impl Client {
     /// Registers a file this process opened (read-only for reads; writable
     /// for writes); the agent uses the descriptor, never the path.
     pub fn register_file(&self, file: &File) -> io::Result<u32> {
-        self.id(&Request::RegisterFile, &[file])
+        self.id(&Request::RegisterFile, &[file.as_fd()])
     }
 
     pub fn deregister_file(&self, id: u32) -> io::Result<()> {
@@ -163,7 +161,7 @@ impl Client {
         let mem = SharedMemory::create("zerohop-buffer", len)?;
         let id = self.id(
             &Request::RegisterHostBuffer { len: len as u64 },
-            &[mem.file()],
+            &[mem.file().as_fd()],
         )?;
         Ok(HostBuffer { id, mem })
     }
@@ -174,7 +172,7 @@ impl Client {
         let mem = SharedMemory::create("zerohop-sim-buffer", len)?;
         let id = self.id(
             &Request::RegisterSimulatedDeviceBuffer { len: len as u64 },
-            &[mem.file()],
+            &[mem.file().as_fd()],
         )?;
         Ok(HostBuffer { id, mem })
     }
@@ -226,7 +224,7 @@ impl Client {
                     offset: export.offset,
                     len,
                 };
-                self.id(&request, &[&export.fd])
+                self.id(&request, &[export.fd.as_fd()])
             }
         }
     }
@@ -248,7 +246,7 @@ impl Client {
         let submitted = socket::eventfd()?;
         let id = self.id(
             &Request::RegisterRing { entries },
-            &[ring.memory().file(), &submitted],
+            &[ring.memory().file().as_fd(), submitted.as_fd()],
         )?;
         let agent = self.lock().try_clone()?;
         Ok(IoRing {
@@ -409,7 +407,7 @@ impl IoRing {
             }
             // An agent that leaves posts its last completions first, so
             // once it is gone, one more reap finds all of them.
-            if agent_gone(&self.agent) {
+            if socket::hung_up(&self.agent) {
                 self.reap(&mut out, max);
                 if out.len() >= min.min(max) {
                     return Ok(out);
@@ -453,16 +451,4 @@ impl IoRing {
         self.ring.corrupt_submission_tail(value);
         socket::signal(&self.submitted);
     }
-}
-
-/// Whether the agent hung up on `socket` (checked without waiting).
-fn agent_gone(socket: &OwnedFd) -> bool {
-    let mut p = libc::pollfd {
-        fd: socket.as_raw_fd(),
-        events: libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd; a zero timeout never blocks.
-    let rc = unsafe { libc::poll(&mut p, 1, 0) };
-    rc > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }

@@ -2,10 +2,16 @@
 //! message, descriptors attached with `SCM_RIGHTS`). Each message is JSON of
 //! at most [`MAX_MESSAGE_BYTES`] with at most [`MAX_FDS`] descriptors.
 
+use rustix::io::Errno;
+use rustix::net::{
+    self, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd};
 
 pub const MAX_MESSAGE_BYTES: usize = 64 << 10;
 pub const MAX_FDS: usize = 4;
@@ -139,53 +145,41 @@ pub fn handle_from_hex(hex: &str) -> Option<[u8; 64]> {
 }
 
 /// Sends one message with `fds` attached.
-pub fn send(socket: &impl AsRawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    send_flags(socket, bytes, fds, 0)
+pub fn send(socket: &impl AsFd, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    send_flags(socket, bytes, fds, SendFlags::empty())
 }
 
 /// Sends one message without waiting: `WouldBlock` when the peer's queue
 /// is full (the agent's replies: a client that stops reading cannot stall
 /// its session thread).
-pub fn send_nowait(socket: &impl AsRawFd, bytes: &[u8]) -> io::Result<()> {
-    send_flags(socket, bytes, &[], libc::MSG_DONTWAIT)
+pub fn send_nowait(socket: &impl AsFd, bytes: &[u8]) -> io::Result<()> {
+    send_flags(socket, bytes, &[], SendFlags::DONTWAIT)
 }
 
-fn send_flags(socket: &impl AsRawFd, bytes: &[u8], fds: &[RawFd], flags: i32) -> io::Result<()> {
-    assert!(fds.len() <= MAX_FDS);
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut _,
-        iov_len: bytes.len(),
-    };
-    let mut control = [0u64; 8]; // room for MAX_FDS descriptors, aligned
-                                 // SAFETY: a zeroed msghdr is a valid empty one.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !fds.is_empty() {
-        let payload = std::mem::size_of_val(fds) as u32;
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(payload) } as usize;
-        msg.msg_control = control.as_mut_ptr().cast();
-        // SAFETY: the control buffer holds CMSG_SPACE(payload) bytes (64 is
-        // more than CMSG_SPACE of four descriptors), so the first header
-        // and its data fit.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
-            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast(), fds.len());
-        }
+fn send_flags(
+    socket: &impl AsFd,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+    flags: SendFlags,
+) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} descriptors: at most {MAX_FDS} per message", fds.len()),
+        ));
     }
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() {
+        let pushed = control.push(SendAncillaryMessage::ScmRights(fds));
+        debug_assert!(pushed, "the buffer has room for MAX_FDS descriptors");
+    }
+    let iov = [IoSlice::new(bytes)];
     loop {
-        // SAFETY: `msg` points at live buffers for the duration of the call.
-        let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | flags) };
-        if n >= 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match net::sendmsg(socket, &iov, &mut control, SendFlags::NOSIGNAL | flags) {
+            Ok(_) => return Ok(()),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -194,58 +188,37 @@ fn send_flags(socket: &impl AsRawFd, bytes: &[u8], fds: &[RawFd], flags: i32) ->
 /// when dropped). `Ok(None)` when the peer closed the connection. A message
 /// cut short, or with too many descriptors, is an error (its descriptors
 /// are closed).
-pub fn recv(socket: &impl AsRawFd) -> io::Result<Option<(Vec<u8>, Vec<File>)>> {
+pub fn recv(socket: &impl AsFd) -> io::Result<Option<(Vec<u8>, Vec<File>)>> {
     let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut control = [0u64; 8];
-    // SAFETY: a zeroed msghdr is a valid empty one.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    let n = loop {
-        // SAFETY: `msg` points at live buffers for the duration of the call;
-        // received descriptors are close-on-exec.
-        let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+    // Room for one descriptor more than allowed, so that too many arrive
+    // (and are refused by count) rather than being cut off silently.
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS + 1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received = loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        match net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(r) => break r,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     };
     let mut files = Vec::new();
-    // SAFETY: walks the control messages the kernel wrote into `control`,
-    // taking ownership of each received descriptor exactly once.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg) as *const RawFd;
-                let count =
-                    ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
-                for i in 0..count {
-                    files.push(File::from_raw_fd(data.add(i).read_unaligned()));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = message {
+            files.extend(fds.map(File::from));
         }
     }
-    if n == 0 && files.is_empty() {
+    if received.bytes == 0 && files.is_empty() {
         return Ok(None);
     }
-    if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 || files.len() > MAX_FDS {
+    let cut = ReturnFlags::TRUNC | ReturnFlags::CTRUNC;
+    if received.flags.intersects(cut) || files.len() > MAX_FDS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "message or descriptors cut short (over the limits)",
         ));
     }
-    buf.truncate(n as usize);
+    buf.truncate(received.bytes);
     Ok(Some((buf, files)))
 }
 
@@ -253,6 +226,7 @@ pub fn recv(socket: &impl AsRawFd) -> io::Result<Option<(Vec<u8>, Vec<File>)>> {
 mod tests {
     use super::*;
     use std::io::{Read, Seek, Write};
+    use std::os::fd::AsFd;
     use std::os::unix::net::UnixDatagram;
 
     #[test]
@@ -285,7 +259,7 @@ mod tests {
         let (a, b) = UnixDatagram::pair().unwrap();
         let mut f = tempfile();
         f.write_all(b"shared").unwrap();
-        send(&a, b"hello", &[f.as_raw_fd(), f.as_raw_fd()]).unwrap();
+        send(&a, b"hello", &[f.as_fd(), f.as_fd()]).unwrap();
         let (bytes, mut files) = recv(&b).unwrap().unwrap();
         assert_eq!(bytes, b"hello");
         assert_eq!(files.len(), 2);
@@ -295,6 +269,25 @@ mod tests {
         assert_eq!(s, "shared");
         send(&a, b"plain", &[]).unwrap();
         assert_eq!(recv(&b).unwrap().unwrap().1.len(), 0);
+    }
+
+    #[test]
+    fn too_many_descriptors_are_refused_on_both_ends() {
+        let (a, b) = UnixDatagram::pair().unwrap();
+        let f = tempfile();
+        let five = [f.as_fd(); MAX_FDS + 1];
+        let sent = send(&a, b"x", &five).unwrap_err();
+        assert_eq!(sent.kind(), io::ErrorKind::InvalidInput);
+        // A peer that does not use `send` can still attach them.
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS + 1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(SendAncillaryMessage::ScmRights(&five)));
+        net::sendmsg(&a, &[IoSlice::new(b"x")], &mut control, SendFlags::empty()).unwrap();
+        let got = recv(&b).unwrap_err();
+        assert_eq!(got.kind(), io::ErrorKind::InvalidData);
+        // The session goes on.
+        send(&a, b"next", &[]).unwrap();
+        assert_eq!(recv(&b).unwrap().unwrap().0, b"next");
     }
 
     fn tempfile() -> File {

@@ -18,6 +18,8 @@
 //! agent keeps its own copies of the indices it owns.
 
 use crate::shm::SharedMemory;
+use rustix::io::Errno;
+use rustix::thread::futex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"ZHRING\0\x01");
@@ -155,23 +157,23 @@ pub fn check_entry(
     buffer_len: impl Fn(u32) -> Option<u64>,
 ) -> Result<(), i32> {
     if (sqe.op != OP_READ && sqe.op != OP_WRITE) || sqe.reserved != [0; 23] {
-        return Err(-libc::EINVAL);
+        return Err(-Errno::INVAL.raw_os_error());
     }
     if sqe.len > MAX_IO_BYTES {
-        return Err(-libc::E2BIG);
+        return Err(-Errno::TOOBIG.raw_os_error());
     }
     if !file_known(sqe.file_id) {
-        return Err(-libc::EBADF);
+        return Err(-Errno::BADF.raw_os_error());
     }
     let Some(buf_len) = buffer_len(sqe.buf_id) else {
-        return Err(-libc::EBADF);
+        return Err(-Errno::BADF.raw_os_error());
     };
     let inside = sqe
         .buf_offset
         .checked_add(sqe.len)
         .is_some_and(|end| end <= buf_len);
     if !inside || sqe.file_offset.checked_add(sqe.len).is_none() {
-        return Err(-libc::EFAULT);
+        return Err(-Errno::FAULT.raw_os_error());
     }
     Ok(())
 }
@@ -366,37 +368,22 @@ impl Ring {
     /// [`Ring::wait_for_completions`].
     pub fn publish_completions(&self) {
         self.word32(CQ_TAIL).store(self.own_cq, Ordering::Release);
-        // SAFETY: FUTEX_WAKE on an aligned word of a live shared mapping;
-        // it reads nothing and never blocks.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.word32(CQ_TAIL).as_ptr(),
-                libc::FUTEX_WAKE,
-                i32::MAX,
-            )
-        };
+        // A wake never blocks; with no waiter it is a no-op.
+        let _ = futex::wake(self.word32(CQ_TAIL), futex::Flags::empty(), i32::MAX as u32);
     }
 
     /// Sleeps until the agent posts a completion this side has not seen,
     /// or `timeout` passes (returns at once if one is already there).
     pub fn wait_for_completions(&self, timeout: std::time::Duration) {
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: FUTEX_WAIT on an aligned word of a live shared mapping,
-        // with a valid timeout; it returns at once unless the word still
-        // holds the tail this side has already consumed up to.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.word32(CQ_TAIL).as_ptr(),
-                libc::FUTEX_WAIT,
-                self.own_cq,
-                &ts as *const libc::timespec,
-            )
-        };
+        // Returns at once unless the tail still is the one this side has
+        // consumed up to; a timeout or a spurious wake-up is fine (callers
+        // look for completions and wait again).
+        let _ = futex::wait(
+            self.word32(CQ_TAIL),
+            futex::Flags::empty(),
+            self.own_cq,
+            Some(&crate::socket::timespec(timeout)),
+        );
     }
 
     /// Scribbles on an index, as a broken or hostile client would (tests).
@@ -433,7 +420,7 @@ mod tests {
         assert_eq!(SubmissionEntry::from_words(sqe.to_words()), sqe);
         let cqe = CompletionEntry {
             user_data: 5,
-            result: -(libc::EFAULT as i64),
+            result: -i64::from(Errno::FAULT.raw_os_error()),
             reserved: [0; 16],
         };
         assert_eq!(CompletionEntry::from_words(cqe.to_words()), cqe);
@@ -477,6 +464,29 @@ mod tests {
     }
 
     #[test]
+    fn a_waiting_client_is_woken_by_published_completions() {
+        use std::time::{Duration, Instant};
+        let (mut client, mut agent) = pair(4);
+        let started = Instant::now();
+        client.wait_for_completions(Duration::from_millis(50));
+        assert!(started.elapsed() >= Duration::from_millis(40), "timed out");
+        let waiter = std::thread::spawn(move || {
+            let started = Instant::now();
+            client.wait_for_completions(Duration::from_secs(20));
+            (started.elapsed(), client.pop_completion())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        agent.push_completion(&CompletionEntry {
+            user_data: 7,
+            ..Default::default()
+        });
+        agent.publish_completions();
+        let (waited, got) = waiter.join().unwrap();
+        assert!(waited < Duration::from_secs(10), "woken, not timed out");
+        assert_eq!(got.unwrap().user_data, 7);
+    }
+
+    #[test]
     fn entries_are_checked_against_registrations() {
         let ok = SubmissionEntry {
             op: OP_READ,
@@ -488,46 +498,49 @@ mod tests {
         };
         let check = |s: &SubmissionEntry| check_entry(s, |f| f == 1, |b| (b == 2).then_some(100));
         assert_eq!(check(&ok), Ok(()));
-        assert_eq!(check(&SubmissionEntry { op: 9, ..ok }), Err(-libc::EINVAL));
+        assert_eq!(
+            check(&SubmissionEntry { op: 9, ..ok }),
+            Err(-Errno::INVAL.raw_os_error())
+        );
         assert_eq!(
             check(&SubmissionEntry {
                 reserved: [1; 23],
                 ..ok
             }),
-            Err(-libc::EINVAL)
+            Err(-Errno::INVAL.raw_os_error())
         );
         assert_eq!(
             check(&SubmissionEntry { file_id: 5, ..ok }),
-            Err(-libc::EBADF)
+            Err(-Errno::BADF.raw_os_error())
         );
         assert_eq!(
             check(&SubmissionEntry { buf_id: 5, ..ok }),
-            Err(-libc::EBADF)
+            Err(-Errno::BADF.raw_os_error())
         );
         assert_eq!(
             check(&SubmissionEntry { len: 91, ..ok }),
-            Err(-libc::EFAULT)
+            Err(-Errno::FAULT.raw_os_error())
         );
         assert_eq!(
             check(&SubmissionEntry {
                 buf_offset: u64::MAX,
                 ..ok
             }),
-            Err(-libc::EFAULT)
+            Err(-Errno::FAULT.raw_os_error())
         );
         assert_eq!(
             check(&SubmissionEntry {
                 file_offset: u64::MAX,
                 ..ok
             }),
-            Err(-libc::EFAULT)
+            Err(-Errno::FAULT.raw_os_error())
         );
         assert_eq!(
             check(&SubmissionEntry {
                 len: u64::MAX,
                 ..ok
             }),
-            Err(-libc::E2BIG)
+            Err(-Errno::TOOBIG.raw_os_error())
         );
     }
 

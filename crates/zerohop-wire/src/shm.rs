@@ -2,9 +2,13 @@
 //! shrinking (so the agent can never touch a page the client truncated away,
 //! which would kill it with SIGBUS), mapped by both.
 
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+
+/// `f_type` of tmpfs in `statfs` (linux/magic.h).
+const TMPFS_MAGIC: u64 = 0x0102_1994;
 
 /// A shared mapping of a memfd, unmapped on drop.
 #[derive(Debug)]
@@ -29,31 +33,19 @@ impl SharedMemory {
                 "empty shared memory",
             ));
         }
-        let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
-        // SAFETY: a valid C string; the returned descriptor is owned below.
-        let fd = unsafe {
-            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor nobody else owns.
-        let file = unsafe { File::from_raw_fd(fd) };
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        let file = File::from(fd);
         file.set_len(len as u64)?;
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: plain fcntl on a descriptor we own.
-        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         Self::map(file, len)
     }
 
     /// Maps a memfd received from a peer. Refused unless it is sealed
     /// against shrinking and holds at least `len` bytes.
     pub fn import(file: File, len: usize) -> io::Result<Self> {
-        // SAFETY: plain fcntl on a descriptor we own.
-        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        let sealed =
+            rustix::fs::fcntl_get_seals(&file).is_ok_and(|s| s.contains(SealFlags::SHRINK));
+        if !sealed {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "shared memory must be a memfd sealed with F_SEAL_SHRINK",
@@ -61,12 +53,8 @@ impl SharedMemory {
         }
         // Only tmpfs memfds: a hugetlbfs one can still lose pages (SIGBUS
         // when the pool runs dry) despite the seal.
-        // SAFETY: a zeroed statfs is valid; fstatfs writes at most its size.
-        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-        // SAFETY: as above, on a descriptor we own.
-        if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0
-            || fs.f_type != libc::TMPFS_MAGIC
-        {
+        let on_tmpfs = rustix::fs::fstatfs(&file).is_ok_and(|fs| fs.f_type as u64 == TMPFS_MAGIC);
+        if !on_tmpfs {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "shared memory must be a tmpfs memfd",
@@ -83,20 +71,17 @@ impl SharedMemory {
 
     fn map(file: File, len: usize) -> io::Result<Self> {
         // SAFETY: a fresh shared mapping of `len` bytes of a file at least
-        // that long; nothing else in this process aliases it.
+        // that long, sealed against shrinking; it aliases no Rust object.
         let ptr = unsafe {
-            libc::mmap(
+            rustix::mm::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &file,
                 0,
             )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        }?;
         Ok(SharedMemory {
             file,
             ptr: ptr.cast(),
@@ -124,8 +109,9 @@ impl SharedMemory {
 
 impl Drop for SharedMemory {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `map`.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        // SAFETY: unmaps exactly the mapping made in `map`, which nothing
+        // borrows any more (borrows of its bytes cannot outlive `self`).
+        let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
     }
 }
 

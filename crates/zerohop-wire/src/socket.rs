@@ -1,27 +1,30 @@
 //! The agent's Unix socket: `SOCK_SEQPACKET`, so each control message is one
 //! datagram and a closed peer reads as end of file.
 
+use rustix::event::{eventfd as new_eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::fs::Mode;
+use rustix::net::{self, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
+use std::time::Duration;
 
 /// Where the agent listens unless told otherwise:
 /// `$XDG_RUNTIME_DIR/zerohop.sock`, else `/tmp/zerohop-UID.sock`.
 pub fn default_path() -> std::path::PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(dir) if !dir.is_empty() => Path::new(&dir).join("zerohop.sock"),
-        // SAFETY: getuid cannot fail.
-        _ => format!("/tmp/zerohop-{}.sock", unsafe { libc::getuid() }).into(),
+        _ => format!("/tmp/zerohop-{}.sock", rustix::process::getuid().as_raw()).into(),
     }
 }
 
-fn address(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+/// The longest socket path (`sun_path` less its NUL).
+const MAX_PATH_BYTES: usize = 107;
+
+fn address(path: &Path) -> io::Result<SocketAddrUnix> {
     use std::os::unix::ffi::OsStrExt;
-    // SAFETY: a zeroed sockaddr_un is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     let bytes = path.as_os_str().as_bytes();
-    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+    if bytes.len() > MAX_PATH_BYTES || bytes.contains(&0) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
@@ -30,144 +33,132 @@ fn address(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
             ),
         ));
     }
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
-    Ok((addr, len as libc::socklen_t))
+    Ok(SocketAddrUnix::new(path)?)
 }
 
 fn seqpacket() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket creation; the descriptor is owned below.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
 }
 
 /// Binds and listens at `path` with permission bits `mode` (0o600: owner
 /// only; 0o660: the group too), set by the umask at bind time so the socket
 /// is never reachable with wider ones.
 pub fn listen(path: &Path, mode: u32) -> io::Result<OwnedFd> {
-    let (addr, len) = address(path)?;
+    let addr = address(path)?;
     let fd = seqpacket()?;
-    // SAFETY: umask only changes this process's file-creation mask; it is
-    // restored right after bind (the agent binds before starting threads).
-    let old = unsafe { libc::umask(!mode & 0o777) };
-    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
-    let rc = unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    };
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: listen on a bound socket we own.
-    if unsafe { libc::listen(fd.as_raw_fd(), 128) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // The umask is process-wide: it is restored right after bind, and the
+    // agent binds before starting threads.
+    let old = rustix::process::umask(Mode::from_bits_truncate(!mode & 0o777));
+    let bound = net::bind(&fd, &addr);
+    rustix::process::umask(old);
+    bound?;
+    net::listen(&fd, 128)?;
     Ok(fd)
 }
 
 /// Accepts one connection.
 pub fn accept(listener: &OwnedFd) -> io::Result<OwnedFd> {
-    // SAFETY: accept4 with no address out-parameters.
-    let fd = unsafe {
-        libc::accept4(
-            listener.as_raw_fd(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            libc::SOCK_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(net::accept_with(listener, SocketFlags::CLOEXEC)?)
 }
 
 /// Connects to the agent at `path`.
 pub fn connect(path: &Path) -> io::Result<OwnedFd> {
-    let (addr, len) = address(path)?;
+    let addr = address(path)?;
     let fd = seqpacket()?;
-    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
-    let rc = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    net::connect(&fd, &addr)?;
     Ok(fd)
 }
 
 /// The peer's process and user ids (`SO_PEERCRED`).
-pub fn peer(socket: &OwnedFd) -> Option<(u32, u32)> {
-    // SAFETY: a zeroed ucred is valid; getsockopt writes at most its size.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: as above.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0).then_some((cred.pid as u32, cred.uid))
+pub fn peer(socket: &impl AsFd) -> Option<(u32, u32)> {
+    let cred = net::sockopt::socket_peercred(socket).ok()?;
+    Some((cred.pid.as_raw_nonzero().get() as u32, cred.uid.as_raw()))
 }
 
 /// A new eventfd (a ring's submission wake-up).
 pub fn eventfd() -> io::Result<std::fs::File> {
-    // SAFETY: plain eventfd creation; the descriptor is owned below.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+    let fd = new_eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+    Ok(fd.into())
 }
 
 /// Adds one to an eventfd's counter (wakes its poller).
-pub fn signal(efd: &impl AsRawFd) {
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: writes 8 bytes from a live buffer. A full counter (EAGAIN)
-    // already means "woken".
-    unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) };
+pub fn signal(efd: &impl AsFd) {
+    // A full counter (EAGAIN) already means "woken".
+    let _ = rustix::io::write(efd, &1u64.to_ne_bytes());
 }
 
-/// Waits until one of `fds` is readable or `timeout_ms` passes (-1: no
+/// Waits until one of `fds` is readable or `timeout` passes (`None`: no
 /// limit); returns which are readable.
-pub fn wait_readable(fds: &[&dyn AsRawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
-    let mut polls: Vec<libc::pollfd> = fds
+pub fn wait_readable(fds: &[&dyn AsFd], timeout: Option<Duration>) -> io::Result<Vec<bool>> {
+    let mut polls: Vec<PollFd<'_>> = fds
         .iter()
-        .map(|f| libc::pollfd {
-            fd: f.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|f| PollFd::from_borrowed_fd(f.as_fd(), PollFlags::IN))
         .collect();
-    // SAFETY: `polls` is a live array of its length.
-    let rc = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, timeout_ms) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(vec![false; fds.len()]);
-        }
-        return Err(e);
+    let timeout = timeout.map(timespec);
+    match poll(&mut polls, timeout.as_ref()) {
+        Ok(_) => Ok(polls.iter().map(|p| !p.revents().is_empty()).collect()),
+        Err(rustix::io::Errno::INTR) => Ok(vec![false; fds.len()]),
+        Err(e) => Err(e.into()),
     }
-    Ok(polls.iter().map(|p| p.revents != 0).collect())
+}
+
+/// Whether the peer of `socket` hung up (checked without waiting).
+pub fn hung_up(socket: &impl AsFd) -> bool {
+    let mut p = [PollFd::new(socket, PollFlags::RDHUP)];
+    let hangup = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+    matches!(poll(&mut p, Some(&Timespec::default())), Ok(n) if n > 0)
+        && p[0].revents().intersects(hangup)
+}
+
+/// A duration as a kernel timeout (one too long to express waits "forever").
+pub(crate) fn timespec(d: Duration) -> Timespec {
+    Timespec::try_from(d).unwrap_or(Timespec {
+        tv_sec: i64::MAX,
+        tv_nsec: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_connect_accept_and_peer() {
+        let dir = std::env::temp_dir().join(format!("zerohop-wire-sock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s");
+        let listener = listen(&path, 0o600).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let client = connect(&path).unwrap();
+        let ready = wait_readable(&[&listener], Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(ready, vec![true]);
+        let server = accept(&listener).unwrap();
+        let me = rustix::process::getuid().as_raw();
+        assert_eq!(peer(&server), Some((std::process::id(), me)));
+        assert!(!hung_up(&server));
+        drop(client);
+        assert!(hung_up(&server));
+        let long = dir.join("x".repeat(200));
+        assert_eq!(
+            connect(&long).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_eventfd_signal_makes_it_readable() {
+        let efd = eventfd().unwrap();
+        let idle = wait_readable(&[&efd], Some(Duration::ZERO)).unwrap();
+        assert_eq!(idle, vec![false]);
+        signal(&efd);
+        assert_eq!(wait_readable(&[&efd], None).unwrap(), vec![true]);
+    }
 }
