@@ -171,7 +171,7 @@ pub fn split_extents(extents: &[Extent], bytes: u64) -> (Vec<Extent>, Vec<Extent
 
 /// See [`TransferPlan::windows`]. Windows never overlap: each lies inside
 /// one `cap`-aligned chunk of its file, and windows in one chunk are
-/// separated by gaps wider than [`MAX_GAP`]. (Page-cache DMA pins each
+/// separated by gaps wider than `MAX_GAP` (256 KiB). (Page-cache DMA pins each
 /// window's pages, and a page may be pinned only once at a time.)
 pub fn windows(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
     assert!(

@@ -1,10 +1,13 @@
-//! The engine: one per device. It owns the staging pool and the read
-//! backend, chooses each file's route ([`route`]), and runs transfers
-//! through the read pipeline ([`read_pipeline`]) or, for saves, the write
-//! pipeline ([`write_pipeline`]).
+//! The engine: one per device. It owns the staging pool and the read and
+//! write backends. Its rooms: `route` chooses each file's route (and
+//! measures the hot route, remembered in `hot_choice`); `load` runs loads
+//! through `read_pipeline`, whose page-cache DMA windows `page_cache_dma`
+//! maps; `write` runs saves through `write_pipeline`; `workers` is what the
+//! two pipelines share; `config` the settings.
 
 mod config;
 pub mod hot_choice;
+mod load;
 mod page_cache_dma;
 mod read_pipeline;
 mod route;
@@ -23,35 +26,14 @@ pub use write_pipeline::WriteFilter;
 
 use crate::device::{Device, DeviceBuffer};
 use crate::host_read::HostRead;
-use crate::plan::{work_items, Extent, TransferPlan};
+use crate::plan::TransferPlan;
 use crate::staging::StagingPool;
 use crate::stats::TransferStats;
 use crate::storage::{self, PwriteBackend, ReadBackend, SourceFile, WriteBackend};
 use crate::{Error, Result};
 use hot_choice::HotChoice;
-use read_pipeline::{Job, Moved, Worker};
-use route::{FileRoute, STAGED};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
-
-/// What one or more pipeline runs of a transfer did.
-#[derive(Default)]
-struct Phase {
-    moved: Moved,
-    windows: usize,
-    threads: usize,
-    notes: Vec<String>,
-}
-
-impl Phase {
-    fn absorb(&mut self, o: Phase) {
-        self.moved.add(o.moved);
-        self.windows += o.windows;
-        self.threads = self.threads.max(o.threads);
-        self.notes.extend(o.notes);
-    }
-}
 
 /// Moves bytes from files into one device's memory.
 pub struct Engine {
@@ -61,7 +43,7 @@ pub struct Engine {
     writer: Arc<dyn WriteBackend>,
     config: EngineConfig,
     /// Whether the device's copies may read file mappings (see
-    /// [`route::copies_by_dma`]): the page-cache DMA route needs it.
+    /// `route::copies_by_dma`): the page-cache DMA route needs it.
     dma_copies: bool,
     /// What the hot routes measured, once measured (or read from
     /// `hot_choice_file`).
@@ -223,123 +205,6 @@ impl Engine {
         progress: Option<Progress<'_>>,
     ) -> Result<TransferStats> {
         self.run_transfer(files, plan, Some(check), progress)
-    }
-
-    fn run_transfer(
-        &self,
-        files: &[SourceFile],
-        plan: &TransferPlan,
-        check: Option<ReadCheck<'_>>,
-        progress: Option<Progress<'_>>,
-    ) -> Result<TransferStats> {
-        let started = Instant::now();
-        let cpu_before = crate::stats::cpu_seconds();
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        self.wait_for_streams(plan.streams())?;
-        let routes: Vec<FileRoute> = files
-            .iter()
-            .map(|f| match self.route_for(f) {
-                r @ FileRoute::Fixed(Route::Staged(_)) => r,
-                _ if check.is_some() => FileRoute::Fixed(STAGED),
-                r => r,
-            })
-            .collect();
-        let (hot, other): (Vec<Extent>, Vec<Extent>) = plan
-            .extents()
-            .iter()
-            .partition(|e| routes[e.file] == FileRoute::MeasuredHot);
-        let mut done = Phase::default();
-        if self.config.hot_route == HotRoute::PageCacheDma && !self.dma_copies {
-            done.notes.push(route::NO_DMA_NOTE.into());
-        }
-        let (hot_route, hot_left) =
-            self.choose_hot_route(files, hot, &mut pool, progress, &mut done)?;
-        let extents: Vec<Extent> = hot_left.into_iter().chain(other).collect();
-        let route_of = |f: usize| match routes[f] {
-            FileRoute::Fixed(r) => r,
-            FileRoute::MeasuredHot => hot_route,
-        };
-        done.absorb(self.run_phase(files, &extents, route_of, &mut pool, check, progress)?);
-        files.iter().try_for_each(SourceFile::check_unchanged)?;
-
-        let mut stats = TransferStats {
-            device: self.device.describe(),
-            bytes: plan.bytes(),
-            backend: self.backend.name().to_string(),
-            direct_bytes: done.moved.direct,
-            buffered_bytes: done.moved.buffered,
-            page_cache_dma_bytes: done.moved.page_cache_dma,
-            staging_bytes: pool.bytes(),
-            io_threads: done.threads,
-            files: files.len(),
-            windows: done.windows,
-            profile: done.moved.profile,
-            notes: done.notes,
-            ..Default::default()
-        };
-        debug_assert_eq!(
-            stats.direct_bytes + stats.buffered_bytes + stats.page_cache_dma_bytes,
-            plan.bytes()
-        );
-        stats.finish(started, cpu_before);
-        Ok(stats)
-    }
-
-    /// One pipeline run over `extents`, each file taking `route_of(file)`.
-    fn run_phase(
-        &self,
-        files: &[SourceFile],
-        extents: &[Extent],
-        route_of: impl Fn(usize) -> Route,
-        pool: &mut StagingPool,
-        check: Option<ReadCheck<'_>>,
-        progress: Option<Progress<'_>>,
-    ) -> Result<Phase> {
-        let mut routes: Vec<Route> = (0..files.len()).map(route_of).collect();
-        let (maps, mut notes) = page_cache_dma::map_files(files, extents, &mut routes);
-        let items = work_items(
-            extents,
-            &routes,
-            pool.config().slot_bytes as u64,
-            self.config.dma_window_bytes as u64,
-        );
-        let windows = items.len();
-        let shares = pool.worker_shares(self.config.io_threads.min(windows));
-        let threads = shares.len();
-        let mut workers = Vec::with_capacity(threads);
-        for share in shares {
-            workers.push(Worker {
-                slots: share,
-                queue: self.device.new_queue()?,
-                reader: self.backend.reader().map_err(|e| {
-                    Error::with_source(
-                        crate::ErrorKind::Io,
-                        format!("cannot start a {} reader", self.backend.name()),
-                        e,
-                    )
-                })?,
-            });
-        }
-        let job = Job {
-            device: self.device.as_ref(),
-            files,
-            maps: &maps,
-            items,
-            check,
-            progress,
-        };
-        let (moved, pin_refusal) = read_pipeline::run(&job, workers)?;
-        if let Some(why) = pin_refusal {
-            notes.push(format!(
-                "page-cache DMA could not pin pages ({why}); those windows were staged instead"
-            ));
-        }
-        Ok(Phase {
-            moved,
-            windows,
-            threads,
-            notes,
-        })
     }
 
     /// Waits for the work queued on the streams of borrowed buffers (see

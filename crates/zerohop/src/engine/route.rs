@@ -4,7 +4,8 @@
 //! and [`Route`] how one window's bytes finally travel.
 
 use super::hot_choice::{self, HotChoice};
-use super::{DirectIo, Engine, Phase, Progress};
+use super::load::Phase;
+use super::{DirectIo, Engine, Progress};
 use crate::device::{Device, DeviceKind};
 use crate::plan::{split_extents, Extent};
 use crate::staging::StagingPool;
