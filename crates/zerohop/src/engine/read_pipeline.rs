@@ -288,7 +288,10 @@ fn read_window(
     let got = loop {
         match w.reader.read_at(file, mode, win.start, buf) {
             Ok(n) => break n,
-            Err(e) if mode == IoMode::Direct && e.raw_os_error() == Some(libc::EINVAL) => {
+            Err(e)
+                if mode == IoMode::Direct
+                    && e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) =>
+            {
                 file.refuse_direct();
                 mode = IoMode::Buffered;
             }

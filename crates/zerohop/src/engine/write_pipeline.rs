@@ -228,7 +228,9 @@ fn write_range(
         match writer.write_at(file, IoMode::Direct, at, buf) {
             Ok(()) => split = aligned,
             // The file system took O_DIRECT at open but refuses the write.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => file.refuse_direct(),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+                file.refuse_direct()
+            }
             Err(e) => return Err(write_error(file, at, aligned, e)),
         }
     }
