@@ -1,7 +1,6 @@
 //! Emptying the page cache of a file, for cold measurements (benchmarks).
 
 use rustix::fs::Advice;
-use std::fs::File;
 use std::path::Path;
 
 /// How the page cache was emptied for a file.
@@ -17,7 +16,8 @@ pub enum CacheDrop {
 /// Drops `path` from the page cache: drop_caches where permitted, else
 /// fadvise DONTNEED. Says which was done and the residency afterwards.
 pub fn drop_from_page_cache(path: &Path) -> std::io::Result<(CacheDrop, f64)> {
-    let f = File::open(path)?;
+    let (f, len) = crate::storage::open_regular(std::fs::OpenOptions::new().read(true), path)
+        .map_err(std::io::Error::other)?;
     // Dirty pages cannot be dropped: write them first. Failing that, the
     // residency reported below says what stayed cached.
     let _ = rustix::fs::fdatasync(&f);
@@ -29,7 +29,6 @@ pub fn drop_from_page_cache(path: &Path) -> std::io::Result<(CacheDrop, f64)> {
             CacheDrop::Fadvise
         }
     };
-    let len = f.metadata()?.len();
     Ok((
         how,
         crate::storage::page_cache_residency(&f, len).unwrap_or(0.0),

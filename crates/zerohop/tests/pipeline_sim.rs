@@ -558,10 +558,14 @@ fn a_fifo_is_refused_without_blocking() {
     );
     // Nor does opening one to write into it.
     let (tx, rx) = std::sync::mpsc::channel();
+    let opening = fifo.clone();
     std::thread::spawn(move || {
-        let _ = tx.send(zerohop::storage::SinkFile::open_for_update(&fifo, 0).map(drop));
+        let _ = tx.send(zerohop::storage::SinkFile::open_for_update(&opening, 0).map(drop));
     });
-    rx.recv_timeout(Duration::from_secs(10))
+    let e = rx
+        .recv_timeout(Duration::from_secs(10))
         .expect("opening a FIFO must not block")
         .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    assert!(e.to_string().contains("FIFO"), "{e}");
 }

@@ -86,7 +86,15 @@ pub(crate) fn open_regular(options: &mut OpenOptions, path: &Path) -> crate::Res
     let file = options
         .custom_flags(OFlags::NONBLOCK.bits() as i32)
         .open(path)
-        .map_err(|e| crate::Error::io(path, "cannot open", e))?;
+        .map_err(|e| {
+            // A write open of a FIFO without a reader fails (ENXIO), as does
+            // one of a directory: name what the path is rather than the errno.
+            match std::fs::metadata(path) {
+                Ok(meta) => not_regular(&meta, path),
+                Err(_) => None,
+            }
+            .unwrap_or_else(|| crate::Error::io(path, "cannot open", e))
+        })?;
     let len = regular_file_len(&file, path)?;
     // With O_NONBLOCK an io_uring read that must wait for storage could fail
     // with EAGAIN instead of waiting.
@@ -99,13 +107,22 @@ pub(crate) fn open_regular(options: &mut OpenOptions, path: &Path) -> crate::Res
 /// The length of `file`, which must be a regular file (`label` names it in
 /// errors, with what kind of file it is otherwise).
 pub fn regular_file_len(file: &File, label: &Path) -> crate::Result<u64> {
-    use std::os::unix::fs::FileTypeExt;
     let meta = file
         .metadata()
         .map_err(|e| crate::Error::io(label, "cannot stat", e))?;
+    match not_regular(&meta, label) {
+        Some(e) => Err(e),
+        None => Ok(meta.len()),
+    }
+}
+
+/// The error for a file that is not regular, naming what it is; `None` for
+/// a regular file.
+fn not_regular(meta: &std::fs::Metadata, label: &Path) -> Option<crate::Error> {
+    use std::os::unix::fs::FileTypeExt;
     let t = meta.file_type();
     let kind = if t.is_file() {
-        return Ok(meta.len());
+        return None;
     } else if t.is_dir() {
         "a directory"
     } else if t.is_fifo() {
@@ -119,7 +136,7 @@ pub fn regular_file_len(file: &File, label: &Path) -> crate::Result<u64> {
     } else {
         "a file of an unknown kind"
     };
-    Err(crate::Error::invalid(format!(
+    Some(crate::Error::invalid(format!(
         "{} is {kind}, not a regular file",
         label.display()
     )))

@@ -13,6 +13,7 @@ mod sink;
 mod uring;
 
 pub use fault::{Fault, FaultyBackend, FaultyWriteBackend, WriteFault};
+pub(crate) use fds::open_regular;
 pub use fds::{regular_file_len, reopen_direct, FilePair};
 pub use file::{IoMode, SourceFile};
 pub use mapping::{page_cache_residency, FileMapping};
