@@ -3,12 +3,16 @@
 //! the route (a file truncated meanwhile would crash the process); these
 //! tests grant it, as no file changes under them.
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use super::{DirectIo, Engine, EngineConfig, HotRoute};
 use crate::device::{Device, DeviceBuffer, SimConfig, SimDevice};
 use crate::plan::TransferPlan;
 use crate::staging::StagingConfig;
 use crate::{storage, TransferStats};
-use std::path::{Path, PathBuf};
+use common::{pattern, write, TestDir};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,41 +23,6 @@ impl Engine {
         self.dma_copies = true;
         self
     }
-}
-
-/// A directory removed on drop.
-struct TestDir(PathBuf);
-
-impl TestDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("zerohop-unit-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TestDir(p)
-    }
-
-    fn file(&self, name: &str, data: &[u8]) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, data).unwrap();
-        p
-    }
-}
-
-impl Drop for TestDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 24) as u8
-        })
-        .collect()
 }
 
 fn sim(config: SimConfig) -> Arc<dyn Device> {
@@ -111,7 +80,7 @@ fn scattered_extents_arrive_exactly_by_page_cache_dma() {
     let paths: Vec<_> = data
         .iter()
         .enumerate()
-        .map(|(i, d)| dir.file(&format!("f{i}"), d))
+        .map(|(i, d)| write(&dir.path(&format!("f{i}")), d))
         .collect();
     let mut r = 42u64;
     let mut next = |m: u64| {
@@ -165,7 +134,7 @@ fn scattered_extents_arrive_exactly_by_page_cache_dma() {
 fn auto_measures_both_hot_routes_then_keeps_the_faster() {
     let dir = TestDir::new("dma-auto");
     let data = pattern(3 << 20, 21);
-    let path = dir.file("hot", &data);
+    let path = write(&dir.path("hot"), &data);
     let dev = sim(SimConfig::default());
     let mut c = config(65536, 8, 2, HotRoute::Auto);
     c.direct_io = DirectIo::Auto;
@@ -196,11 +165,11 @@ fn auto_measures_both_hot_routes_then_keeps_the_faster() {
 #[test]
 fn the_hot_choice_is_remembered_across_engines_in_a_file() {
     let dir = TestDir::new("dma-choice");
-    let path = dir.file("hot", &pattern(2 << 20, 4));
+    let path = write(&dir.path("hot"), &pattern(2 << 20, 4));
     let mut c = config(65536, 8, 2, HotRoute::Auto);
     c.direct_io = DirectIo::Auto;
     c.hot_probe_bytes = 128 << 10;
-    c.hot_choice_file = Some(dir.0.join("cache/hot-route.json"));
+    c.hot_choice_file = Some(dir.path("cache/hot-route.json"));
     let first = engine(&sim(SimConfig::default()), c.clone())
         .load_files(&[&path], None)
         .unwrap()
@@ -231,7 +200,7 @@ fn the_hot_choice_is_remembered_across_engines_in_a_file() {
 fn refused_pins_fall_back_to_staging_with_a_note() {
     let dir = TestDir::new("dma-pinfail");
     let data = pattern(1 << 20, 8);
-    let path = dir.file("f", &data);
+    let path = write(&dir.path("f"), &data);
     let dev = sim(SimConfig {
         refuse_pin: true,
         ..Default::default()
