@@ -13,7 +13,9 @@ use crate::storage::{IoMode, SourceFile};
 use crate::Result;
 use std::time::Instant;
 
-/// Which route hot files (already in the page cache) take.
+/// Which route hot files (already in the page cache) take. Page-cache DMA
+/// runs only on devices that copy by DMA (GPUs); on host memory hot files
+/// are staged whatever this says, and with `PageCacheDma` a note says so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HotRoute {
@@ -57,9 +59,9 @@ pub(super) fn copies_by_dma(device: &dyn Device) -> bool {
 
 /// The note a transfer carries when page-cache DMA was asked for on a device
 /// that copies with the CPU.
-pub(super) const NO_DMA_NOTE: &str = "page-cache DMA needs a device that copies by DMA (a GPU): \
-     this device copies with the CPU, which a file truncated during the load would crash, \
-     so hot files were staged";
+pub(super) const NO_DMA_NOTE: &str = "page-cache DMA needs a device that copies by DMA (a GPU); \
+     this one copies with the CPU, which a file truncated during the load would crash, \
+     so the files were staged";
 
 impl Engine {
     /// The route for a file: `MeasuredHot` for files in the page cache (per
