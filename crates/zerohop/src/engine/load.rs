@@ -30,6 +30,9 @@ impl Phase {
 }
 
 impl Engine {
+    /// [`Engine::transfer`] and [`Engine::transfer_checked`]: routes each
+    /// file, measures the hot route if it must, moves everything, then checks
+    /// that no file changed under the load.
     pub(super) fn run_transfer(
         &self,
         files: &[SourceFile],
