@@ -8,7 +8,7 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
-use zerohop::probe::{drop_from_page_cache, CacheDrop};
+use zerohop::cache_drop::{drop_from_page_cache, CacheDrop};
 use zerohop::safetensors::{self, Allocation};
 use zerohop::storage::{self, BackendKind, IoMode, SourceFile};
 use zerohop::{Device, Engine, Error, Result, TransferStats};

@@ -10,7 +10,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use zerohop::probe::drop_from_page_cache;
+use zerohop::cache_drop::drop_from_page_cache;
 use zerohop::storage::{BackendKind, IoMode, SourceFile};
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
 use zerohop_checkpoint::{self as ckpt, Region, SaveOptions};

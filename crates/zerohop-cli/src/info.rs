@@ -14,22 +14,25 @@ pub fn run(path: Option<&Path>, json: bool) -> Result<()> {
         );
         return Ok(());
     }
-    match &info.driver {
-        Ok(v) => println!("driver    CUDA {v}, {} GPU(s)", info.gpus.len()),
-        Err(e) => println!("driver    none: {e} (loads go to host memory)"),
+    match (&info.driver.version, &info.driver.why_not) {
+        (Some(v), _) => println!("driver    CUDA {v}, {} GPU(s)", info.gpus.len()),
+        (_, e) => println!(
+            "driver    none: {} (loads go to host memory)",
+            e.as_deref().unwrap_or_default()
+        ),
     }
     for g in &info.gpus {
         println!("gpu       {}", g.description);
     }
     println!("gds       {}", info.gds.reason);
-    match &info.io_uring {
-        Ok(()) => println!("io_uring  available"),
-        Err(e) => println!("io_uring  unavailable ({e}): reads use pread threads"),
+    match &info.io_uring.why_not {
+        None => println!("io_uring  available"),
+        Some(e) => println!("io_uring  unavailable ({e}): reads use pread threads"),
     }
     if let Some(c) = &info.o_direct {
-        match &c.result {
-            Ok(()) => println!("o_direct  {}: accepted", c.path),
-            Err(e) => println!(
+        match &c.o_direct.why_not {
+            None => println!("o_direct  {}: accepted", c.path),
+            Some(e) => println!(
                 "o_direct  {}: refused ({e}); reads go through the page cache",
                 c.path
             ),

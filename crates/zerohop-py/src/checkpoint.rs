@@ -123,8 +123,9 @@ pub fn checkpoint_verify(
 ) -> PyResult<(usize, u64)> {
     let total = Manifest::read(&dir).map_err(to_py)?.bytes();
     let reporter = Reporter::new(progress.as_ref(), "verifying", total)?;
-    let verified = py
-        .detach(|| reporter.with(|progress| ckpt::verify(&dir, zerohop::probe::cpus(), progress)));
+    let verified = py.detach(|| {
+        reporter.with(|progress| ckpt::verify(&dir, zerohop::machine::available_cpus(), progress))
+    });
     let ok = verified.is_ok();
     reporter.finish(ok)?;
     let v = verified.map_err(to_py)?;

@@ -29,7 +29,8 @@ pub(crate) fn read_to_host(
     let started = Instant::now();
     let cpu_before = crate::stats::cpu_seconds();
     let mut len = 0;
-    let mut files = std::collections::HashSet::new();
+    // Each file once, by path, to count them and check them afterwards.
+    let mut files = std::collections::HashMap::new();
     for r in &reads {
         let n = r.dst.len() as u64;
         if r.offset.checked_add(n).is_none_or(|end| end > r.file.len()) {
@@ -44,7 +45,7 @@ pub(crate) fn read_to_host(
             ));
         }
         len += n;
-        files.insert(r.file.path());
+        files.insert(r.file.path(), r.file);
     }
     let file_count = files.len();
     let aligned = |at: u64, buf: &[u8]| {
@@ -86,6 +87,8 @@ pub(crate) fn read_to_host(
                             Error::io(file.path(), &format!("read at offset {at} failed in"), e)
                         })?;
                         if got < buf.len() {
+                            // Say how the file changed, where it did.
+                            file.check_unchanged()?;
                             return Err(Error::new(
                                 ErrorKind::Io,
                                 format!(
@@ -109,6 +112,8 @@ pub(crate) fn read_to_host(
                 .unwrap_or_else(|_| Err(Error::invalid("a reader panicked")))
         })
     })?;
+    // A file rewritten or grown meanwhile gave mixed bytes: say so.
+    files.values().try_for_each(|f| f.check_unchanged())?;
     let (direct_bytes, buffered_bytes) = totals.into_inner().unwrap();
     let mut stats = TransferStats {
         device: "host memory (caller's buffer)".into(),

@@ -9,26 +9,21 @@
 //! for saves ([`Engine::write`]) the mirror image, then `fsync`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod cache_drop;
 pub mod device;
 mod engine;
 mod error;
 mod host_read;
-pub mod hot;
-pub mod hot_choice;
 pub mod machine;
-mod pipeline;
 pub mod plan;
-pub mod probe;
 pub mod progress_line;
 pub mod safetensors;
 pub mod staging;
 pub mod stats;
 pub mod storage;
-mod write_pipeline;
 
 pub use device::{open_device, Device, DeviceBuffer, DeviceKind};
-pub use engine::{DirectIo, Engine, EngineConfig, HotRoute};
+pub use engine::hot_choice;
+pub use engine::{DirectIo, Engine, EngineConfig, HotRoute, Progress, ReadCheck, WriteFilter};
 pub use error::{Error, ErrorKind, Result};
-pub use pipeline::Progress;
 pub use stats::{Direction, TransferStats, WorkerProfile};
-pub use write_pipeline::WriteFilter;

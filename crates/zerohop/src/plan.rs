@@ -1,9 +1,11 @@
 //! Planning: a transfer is a list of [`Extent`]s; the plan groups them into
-//! [`Window`]s, aligned file ranges of at most one staging slot, each with
-//! the copies that scatter its bytes to device memory.
+//! [`Window`]s, aligned file ranges of at most one staging slot (or one
+//! page-cache DMA window), each with the copies that scatter its bytes to
+//! device memory, and orders the windows into the pipelines' work.
 
 use crate::device::{DeviceAddr, DeviceBuffer};
-use crate::storage::FilePair;
+use crate::engine::Route;
+use crate::storage::{FilePair, DIRECT_ALIGN};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -169,7 +171,7 @@ pub fn split_extents(extents: &[Extent], bytes: u64) -> (Vec<Extent>, Vec<Extent
 
 /// See [`TransferPlan::windows`]. Windows never overlap: each lies inside
 /// one `cap`-aligned chunk of its file, and windows in one chunk are
-/// separated by gaps wider than [`MAX_GAP`]. (Page-cache DMA pins each
+/// separated by gaps wider than `MAX_GAP` (256 KiB). (Page-cache DMA pins each
 /// window's pages, and a page may be pinned only once at a time.)
 pub fn windows(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
     assert!(
@@ -213,6 +215,60 @@ pub fn windows(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
         w.needed = w.needed.max(pos + len - w.start);
         w.read_len = w.needed.div_ceil(align) * align;
         current = Some((file, chunk, w.start + w.needed));
+    }
+    out
+}
+
+/// A unit of work for a read pipeline worker: a window and its route.
+pub(crate) struct WorkItem {
+    pub window: Window,
+    pub route: Route,
+}
+
+/// The windows of a load, each file's extents cut for its route
+/// (`routes[file]`): staged windows fit a slot of `slot_bytes`, page-cache
+/// DMA windows `dma_window_bytes` of whole pages. In file order.
+pub(crate) fn work_items(
+    extents: &[Extent],
+    routes: &[Route],
+    slot_bytes: u64,
+    dma_window_bytes: u64,
+) -> Vec<WorkItem> {
+    let page = rustix::param::page_size() as u64;
+    let dma_cap = dma_window_bytes.max(page);
+    let (dma, staged): (Vec<Extent>, Vec<Extent>) = extents
+        .iter()
+        .partition(|e| routes[e.file] == Route::PageCacheDma);
+    let mut items: Vec<WorkItem> = windows(&staged, slot_bytes, DIRECT_ALIGN)
+        .into_iter()
+        .map(|w| WorkItem {
+            route: routes[w.file],
+            window: w,
+        })
+        .collect();
+    items.extend(windows(&dma, dma_cap, page).into_iter().map(|w| WorkItem {
+        route: Route::PageCacheDma,
+        window: w,
+    }));
+    items.sort_by_key(|i| (i.window.file, i.window.start));
+    items
+}
+
+/// Orders windows round-robin across files, so workers write several files
+/// at once (writes into one file serialize on some file systems).
+pub(crate) fn interleave_files(windows: Vec<Window>) -> Vec<Window> {
+    let mut per_file: Vec<std::collections::VecDeque<Window>> = Vec::new();
+    for w in windows {
+        if per_file.len() <= w.file {
+            per_file.resize_with(w.file + 1, Default::default);
+        }
+        per_file[w.file].push_back(w);
+    }
+    let mut out = Vec::new();
+    while per_file.iter().any(|q| !q.is_empty()) {
+        for q in &mut per_file {
+            out.extend(q.pop_front());
+        }
     }
     out
 }

@@ -14,17 +14,6 @@ pub enum Direction {
     Save,
 }
 
-/// How the bytes travelled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Route {
-    /// Read into pinned staging slots, then copied to the device.
-    Staged,
-    /// The file's page-cache pages mapped, registered read-only and copied by
-    /// the GPU straight from there: no CPU copy.
-    PageCacheDma,
-}
-
 /// Statistics of one transfer.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct TransferStats {
@@ -171,12 +160,47 @@ impl TransferStats {
 
 /// CPU seconds (user + system) used by this process so far.
 pub fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a rusage struct.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return 0.0;
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+/// A byte count for people: `512 B`, `4.0 MiB`, `1.5 GiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
     }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(4 << 20), "4.0 MiB");
+        assert_eq!(human_bytes(3 << 29), "1.5 GiB");
+    }
+
+    #[test]
+    fn cpu_time_advances_with_work() {
+        let before = cpu_seconds();
+        let mut x = 0u64;
+        let t = std::time::Instant::now();
+        while t.elapsed().as_millis() < 30 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        assert!(cpu_seconds() > before);
+    }
 }

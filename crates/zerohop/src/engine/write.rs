@@ -1,11 +1,10 @@
 //! `Engine::write`: device memory into files, durable on return.
 
-use super::Engine;
-use crate::pipeline::Progress;
-use crate::plan::{windows, TransferPlan, Window};
+use super::write_pipeline::{self, WriteFilter, WriteJob, WriteWorker};
+use super::{Engine, Progress};
+use crate::plan::{interleave_files, windows, TransferPlan};
 use crate::stats::{Direction, TransferStats};
 use crate::storage::{sync_dir, IoMode, SinkFile, DIRECT_ALIGN};
-use crate::write_pipeline::{self, WriteFilter, WriteJob, WriteWorker};
 use crate::{DeviceBuffer, Error, ErrorKind, Result};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -32,7 +31,7 @@ impl Engine {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         self.wait_for_streams(plan.streams())?;
         let slot_bytes = pool.config().slot_bytes as u64;
-        let windows = interleave(windows(plan.extents(), slot_bytes, DIRECT_ALIGN));
+        let windows = interleave_files(windows(plan.extents(), slot_bytes, DIRECT_ALIGN));
         let shares = pool.worker_shares(self.config.io_threads.min(windows.len()));
         let threads = shares.len();
         let mut workers = Vec::with_capacity(threads);
@@ -151,23 +150,4 @@ fn check_disjoint(files: &[SinkFile], plan: &TransferPlan) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Orders windows round-robin across files, so workers write several files
-/// at once (writes into one file serialize on some file systems).
-fn interleave(windows: Vec<Window>) -> Vec<Window> {
-    let mut per_file: Vec<std::collections::VecDeque<Window>> = Vec::new();
-    for w in windows {
-        if per_file.len() <= w.file {
-            per_file.resize_with(w.file + 1, Default::default);
-        }
-        per_file[w.file].push_back(w);
-    }
-    let mut out = Vec::new();
-    while per_file.iter().any(|q| !q.is_empty()) {
-        for q in &mut per_file {
-            out.extend(q.pop_front());
-        }
-    }
-    out
 }

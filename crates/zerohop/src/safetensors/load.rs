@@ -1,9 +1,9 @@
 use super::header::{read_header, Dtype, Header};
 use crate::device::DeviceBuffer;
 use crate::engine::Engine;
-use crate::pipeline::Progress;
 use crate::plan::TransferPlan;
 use crate::stats::TransferStats;
+use crate::Progress;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;

@@ -7,8 +7,7 @@
 
 use super::sync_dir;
 use crate::{Error, Result};
-use std::ffi::{CString, OsStr};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -61,35 +60,21 @@ pub fn commit(tmp: &Path, target: &Path) -> Result<()> {
 /// As [`commit`], but fails if `target` exists (even as an empty directory
 /// made meanwhile) instead of replacing it.
 pub fn commit_new(tmp: &Path, target: &Path) -> Result<()> {
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| Error::invalid("a path holds a NUL byte"))
-    };
-    let (from, to) = (c(tmp)?, c(target)?);
-    // SAFETY: two valid NUL-terminated paths; the call reads nothing else.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINVAL) {
-            return Err(rename_error(tmp, target, e));
-        }
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    match renameat_with(CWD, tmp, CWD, target, RenameFlags::NOREPLACE) {
+        Ok(()) => {}
         // The file system cannot refuse to replace: check, then rename
         // (a rename over a non-empty directory still fails).
-        if target.exists() {
-            return Err(Error::new(
-                crate::ErrorKind::AlreadyExists,
-                format!("{} already exists", target.display()),
-            ));
+        Err(rustix::io::Errno::INVAL) => {
+            if target.exists() {
+                return Err(Error::new(
+                    crate::ErrorKind::AlreadyExists,
+                    format!("{} already exists", target.display()),
+                ));
+            }
+            std::fs::rename(tmp, target).map_err(|e| rename_error(tmp, target, e))?;
         }
-        std::fs::rename(tmp, target).map_err(|e| rename_error(tmp, target, e))?;
+        Err(e) => return Err(rename_error(tmp, target, e.into())),
     }
     sync_dir(parent_of(target))
 }
@@ -160,15 +145,8 @@ fn temp_owner(entry: &OsStr, name: Option<&OsStr>) -> Option<(String, u32)> {
 
 /// This machine's host name, made safe for a file name.
 fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let raw = if rc == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        String::new()
-    };
+    let uname = rustix::system::uname();
+    let raw = uname.nodename().to_string_lossy();
     let safe: String = raw
         .chars()
         .map(|c| {
@@ -190,9 +168,17 @@ fn process_alive(pid: u32) -> bool {
     if pid == std::process::id() {
         return true;
     }
-    // SAFETY: signal 0 only checks that the process exists.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    // Signal 0 only checks that the process exists; EPERM means it does.
+    matches!(
+        rustix::process::test_kill_process(pid),
+        Ok(()) | Err(rustix::io::Errno::PERM)
+    )
 }
 
 #[cfg(test)]

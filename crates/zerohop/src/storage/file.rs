@@ -1,10 +1,13 @@
 use super::FilePair;
-use crate::{Error, Result};
+use crate::stats::human_bytes;
+use crate::{Error, ErrorKind, Result};
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::time::SystemTime;
 
-/// How a file's bytes are read.
+/// How a file's bytes are read or written: through the page cache or with
+/// O_DIRECT (a storage mode that both staged routes and saves use).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IoMode {
@@ -19,6 +22,9 @@ pub enum IoMode {
 #[derive(Debug)]
 pub struct SourceFile {
     fds: FilePair,
+    /// When the file was last modified as it was opened: a load that sees
+    /// it change reports that the file changed under it.
+    modified: Option<SystemTime>,
 }
 
 impl std::ops::Deref for SourceFile {
@@ -29,34 +35,16 @@ impl std::ops::Deref for SourceFile {
 }
 
 impl SourceFile {
-    /// Opens `path` for reading; a directory or missing file is a clear error.
+    /// Opens `path` for reading. Anything but a regular file (a directory,
+    /// a FIFO, a device, a socket) is a clear error, and the open never
+    /// blocks (opening a FIFO would wait for a writer).
     pub fn open(path: &Path) -> Result<Self> {
-        let buffered = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
-        let meta = buffered
-            .metadata()
-            .map_err(|e| Error::io(path, "cannot stat", e))?;
-        if meta.is_dir() {
-            return Err(Error::invalid(format!(
-                "{} is a directory, not a file",
-                path.display()
-            )));
-        }
-        if !meta.is_file() {
-            return Err(Error::invalid(format!(
-                "{} is not a regular file",
-                path.display()
-            )));
-        }
-        // tmpfs and some FUSE file systems refuse O_DIRECT (EINVAL): then only
-        // buffered reads are possible.
-        let direct = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .ok();
-        Ok(SourceFile {
-            fds: FilePair::new(path, buffered, direct, meta.len()),
-        })
+        let (buffered, len) = super::fds::open_regular(OpenOptions::new().read(true), path)?;
+        // The O_DIRECT twin reopens this very file, not the path again (which
+        // may name something else by now). tmpfs and some FUSE file systems
+        // refuse O_DIRECT (EINVAL): then only buffered reads are possible.
+        let direct = super::reopen_direct(&buffered);
+        Ok(Self::new(path, buffered, direct, len))
     }
 
     /// Reads through descriptors someone else opened (the agent's clients
@@ -64,9 +52,38 @@ impl SourceFile {
     /// [`super::reopen_direct`]). `label` names the file in errors.
     pub fn from_descriptors(buffered: File, direct: Option<File>, label: &Path) -> Result<Self> {
         let len = super::fds::regular_file_len(&buffered, label)?;
-        Ok(SourceFile {
+        Ok(Self::new(label, buffered, direct, len))
+    }
+
+    fn new(label: &Path, buffered: File, direct: Option<File>, len: u64) -> Self {
+        let modified = buffered.metadata().and_then(|m| m.modified()).ok();
+        SourceFile {
             fds: FilePair::new(label, buffered, direct, len),
-        })
+            modified,
+        }
+    }
+
+    /// An error saying how the file changed since it was opened (its size,
+    /// or its modification time), if it did.
+    pub fn check_unchanged(&self) -> Result<()> {
+        let meta = self
+            .fd_for(IoMode::Buffered)
+            .metadata()
+            .map_err(|e| Error::io(self.path(), "cannot stat", e))?;
+        let (was, now) = (self.len(), meta.len());
+        let what = if now < was {
+            format!("shrank from {} to {}", human_bytes(was), human_bytes(now))
+        } else if now > was {
+            format!("grew from {} to {}", human_bytes(was), human_bytes(now))
+        } else if meta.modified().ok() != self.modified {
+            "was modified".to_string()
+        } else {
+            return Ok(());
+        };
+        Err(Error::new(
+            ErrorKind::Io,
+            format!("{} {what} during the load", self.path().display()),
+        ))
     }
 
     /// Reads at `offset` through the page cache, for header parsing.
@@ -84,6 +101,6 @@ impl SourceFile {
 
     /// Fraction of the file's pages resident in the page cache (0.0 to 1.0).
     pub fn resident_fraction(&self) -> f64 {
-        crate::probe::page_cache_residency(self.fd_for(IoMode::Buffered), self.len()).unwrap_or(0.0)
+        super::page_cache_residency(self.fd_for(IoMode::Buffered), self.len()).unwrap_or(0.0)
     }
 }

@@ -1,18 +1,22 @@
 //! The storage side: opened source files and interchangeable read backends
 //! (io_uring, a plain `pread` loop, and a fault-injecting wrapper for tests),
-//! and files being written with their write backends.
+//! files being written with their write backends, and file mappings with
+//! their page-cache residency.
 
 pub mod atomic;
 mod fault;
 mod fds;
 mod file;
+mod mapping;
 mod psync;
 mod sink;
 mod uring;
 
 pub use fault::{Fault, FaultyBackend, FaultyWriteBackend, WriteFault};
+pub(crate) use fds::open_regular;
 pub use fds::{regular_file_len, reopen_direct, FilePair};
 pub use file::{IoMode, SourceFile};
+pub use mapping::{page_cache_residency, FileMapping};
 pub use psync::PreadBackend;
 pub use sink::{sync_dir, write_mode, PwriteBackend, SinkFile, WriteBackend};
 pub use uring::UringBackend;

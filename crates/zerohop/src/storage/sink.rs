@@ -44,16 +44,12 @@ impl SinkFile {
     /// Opens `path` for writing in place, creating it if missing; never
     /// truncates, and extends it to `min_len` bytes if it is shorter.
     pub fn open_for_update(path: &Path, min_len: u64) -> Result<Self> {
-        let buffered = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| Error::io(path, "cannot open for writing", e))?;
-        let len = buffered
-            .metadata()
-            .map_err(|e| Error::io(path, "cannot stat", e))?
-            .len();
+        // Never blocks, and refuses anything but a regular file (a FIFO
+        // there would wait for a reader).
+        let (buffered, len) = super::fds::open_regular(
+            OpenOptions::new().write(true).create(true).truncate(false),
+            path,
+        )?;
         let len = extend_to(&buffered, path, len, min_len)?;
         Ok(Self::with_direct(path, buffered, len))
     }
@@ -79,7 +75,7 @@ impl SinkFile {
         // Some file systems (older tmpfs, FUSE) refuse O_DIRECT: buffered only.
         let direct = OpenOptions::new()
             .write(true)
-            .custom_flags(libc::O_DIRECT)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
             .open(path)
             .ok();
         SinkFile {

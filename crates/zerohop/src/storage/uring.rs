@@ -1,5 +1,6 @@
 use super::{BlockReader, IoMode, ReadBackend, SourceFile};
 use io_uring::{opcode, types, IoUring};
+use rustix::io::Errno;
 use std::io;
 use std::os::fd::AsRawFd;
 
@@ -118,7 +119,7 @@ impl BlockReader for UringReader {
                 s.in_flight = false;
                 in_flight -= 1;
                 match cqe.result() {
-                    r if r == -libc::EINTR || r == -libc::EAGAIN => {}
+                    r if r == -Errno::INTR.raw_os_error() || r == -Errno::AGAIN.raw_os_error() => {}
                     r if r < 0 => {
                         failure.get_or_insert(io::Error::from_raw_os_error(-r));
                     }

@@ -2,8 +2,7 @@
 //! when it is given a file for it, across processes (so a fresh process does
 //! not pay for measuring again).
 
-use crate::pipeline::WindowRoute;
-use crate::storage::IoMode;
+use super::route::{Route, STAGED};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -15,16 +14,16 @@ pub struct HotChoice {
 }
 
 impl HotChoice {
-    pub(crate) fn route(&self) -> WindowRoute {
+    pub(crate) fn route(&self) -> Route {
         if self.dma_gbps > self.staged_gbps {
-            WindowRoute::PageCacheDma
+            Route::PageCacheDma
         } else {
-            WindowRoute::Staged(IoMode::Buffered)
+            STAGED
         }
     }
 
     pub(crate) fn describe(&self) -> String {
-        let chose = if self.route() == WindowRoute::PageCacheDma {
+        let chose = if self.route() == Route::PageCacheDma {
             "page-cache DMA"
         } else {
             "staged"
@@ -101,9 +100,9 @@ mod tests {
         assert_eq!(load(&file, "gpu a"), Some(a));
         assert_eq!(
             load(&file, "gpu b").map(|c| c.route()),
-            Some(WindowRoute::PageCacheDma)
+            Some(Route::PageCacheDma)
         );
-        assert_eq!(a.route(), WindowRoute::Staged(IoMode::Buffered));
+        assert_eq!(a.route(), STAGED);
         std::fs::write(&file, "not json").unwrap();
         assert_eq!(load(&file, "gpu a"), None, "a corrupt cache is ignored");
         let _ = std::fs::remove_dir_all(&dir);

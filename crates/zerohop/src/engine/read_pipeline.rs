@@ -7,8 +7,11 @@
 //! pages cannot be pinned). Before a worker returns, every fence it recorded
 //! has been waited for: no copy outlives the memory it reads.
 
+use super::page_cache_dma::{populate, FileMapping};
+use super::route::Route;
+use super::workers::{assert_fits, run_workers, Progress};
 use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
-use crate::plan::{Extent, Window, WindowCopy};
+use crate::plan::{Extent, Window, WindowCopy, WorkItem};
 use crate::stats::WorkerProfile;
 use crate::storage::{BlockReader, IoMode, SourceFile};
 use crate::{Error, ErrorKind, Result};
@@ -17,22 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// How one window's bytes reach the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WindowRoute {
-    Staged(IoMode),
-    PageCacheDma,
-}
-
-/// A unit of work for a worker.
-pub(crate) struct WorkItem {
-    pub window: Window,
-    pub route: WindowRoute,
-}
-
 /// Byte counts one worker moved, by route, and where its time went.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Moved {
+pub(super) struct Moved {
     pub direct: u64,
     pub buffered: u64,
     pub page_cache_dma: u64,
@@ -48,9 +38,6 @@ impl Moved {
     }
 }
 
-/// Reports progress in bytes; called from worker threads.
-pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
-
 /// Sees each staged window's bytes (file number, file offset of the first
 /// byte, the bytes) after they were read and before they are copied; an
 /// error stops the transfer. Restores use it to verify checksums.
@@ -59,11 +46,11 @@ pub type ReadCheck<'a> = &'a (dyn Fn(usize, u64, &[u8]) -> Result<()> + Sync);
 /// Pinned page-cache DMA windows a worker keeps in flight.
 const MAX_DMA_IN_FLIGHT: usize = 2;
 
-pub(crate) struct Job<'a> {
+pub(super) struct Job<'a> {
     pub device: &'a dyn Device,
     pub files: &'a [SourceFile],
     /// Read-only mappings of the files that take the DMA route.
-    pub maps: &'a [Option<crate::hot::FileMapping>],
+    pub maps: &'a [Option<FileMapping>],
     pub items: Vec<WorkItem>,
     pub check: Option<ReadCheck<'a>>,
     pub progress: Option<Progress<'a>>,
@@ -78,7 +65,7 @@ struct Shared<'a> {
 }
 
 /// One worker's equipment.
-pub(crate) struct Worker<'s> {
+pub(super) struct Worker<'s> {
     pub slots: &'s mut [Box<dyn StagingMemory>],
     pub queue: Box<dyn CopyQueue>,
     pub reader: Box<dyn BlockReader>,
@@ -96,7 +83,7 @@ enum Held {
 /// Runs `job` on `workers` (one thread each) and returns the bytes moved,
 /// and why page-cache DMA windows fell back to staging if any did. Either
 /// every window arrived or an error is returned: never a partial success.
-pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Option<String>)> {
+pub(super) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Option<String>)> {
     let shared = Shared {
         job,
         next: AtomicUsize::new(0),
@@ -110,58 +97,12 @@ pub(crate) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Opt
     Ok((total, shared.pin_refusal.into_inner().unwrap()))
 }
 
-/// Runs `work` once per worker, each on its own thread. The first error
-/// raises `abort` (which `work` polls between items) and is returned once
-/// every worker has stopped; otherwise every worker's result.
-pub(crate) fn run_workers<W: Send, T: Send>(
-    workers: Vec<W>,
-    abort: &AtomicBool,
-    work: impl Fn(W) -> Result<T> + Sync,
-) -> Result<Vec<T>> {
-    let first_error: Mutex<Option<Error>> = Mutex::new(None);
-    let mut results = Vec::with_capacity(workers.len());
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = workers
-            .into_iter()
-            .map(|w| {
-                let (work, first_error) = (&work, &first_error);
-                scope.spawn(move || {
-                    let r = work(w);
-                    if let Err(e) = &r {
-                        abort.store(true, Ordering::Relaxed);
-                        let mut slot = first_error.lock().unwrap();
-                        if slot.is_none() {
-                            *slot = Some(Error::new(e.kind(), e.to_string()));
-                        }
-                    }
-                    r
-                })
-            })
-            .collect();
-        for h in handles {
-            match h.join() {
-                Ok(Ok(m)) => results.push(m),
-                Ok(Err(_)) => {}
-                Err(_) => {
-                    first_error.lock().unwrap().get_or_insert_with(|| {
-                        Error::new(ErrorKind::Device, "an I/O worker panicked")
-                    });
-                }
-            }
-        }
-    });
-    match first_error.into_inner().unwrap() {
-        Some(e) => Err(e),
-        None => Ok(results),
-    }
-}
-
 fn work(shared: &Shared<'_>, mut w: Worker<'_>) -> Result<Moved> {
     let started = Instant::now();
     let mut free: Vec<usize> = (0..w.slots.len()).collect();
     let mut pending: VecDeque<(Box<dyn Fence>, Held)> = VecDeque::new();
     let mut moved = Moved::default();
-    let result = work_items(shared, &mut w, &mut free, &mut pending, &mut moved);
+    let result = run_items(shared, &mut w, &mut free, &mut pending, &mut moved);
     // Whatever happened, wait for every queued copy before the slots and
     // pinned pages can be reused or released.
     let mut drained = Ok(());
@@ -176,7 +117,8 @@ fn work(shared: &Shared<'_>, mut w: Worker<'_>) -> Result<Moved> {
     result.and(drained).map(|_| moved)
 }
 
-fn work_items(
+/// Takes items off the job until none are left or a worker failed.
+fn run_items(
     shared: &Shared<'_>,
     w: &mut Worker<'_>,
     free: &mut Vec<usize>,
@@ -189,8 +131,8 @@ fn work_items(
         let Some(item) = job.items.get(i) else { break };
         let win = &item.window;
         match item.route {
-            WindowRoute::Staged(mode) => stage(w, free, pending, moved, job, mode, win)?,
-            WindowRoute::PageCacheDma => {
+            Route::Staged(mode) => stage(w, free, pending, moved, job, mode, win)?,
+            Route::PageCacheDma => {
                 while pending
                     .iter()
                     .filter(|(_, h)| matches!(h, Held::Pin { .. }))
@@ -205,7 +147,7 @@ fn work_items(
                 let (ptr, len) = map.range(win.start, win.read_len);
                 assert!(len as u64 >= win.needed, "DMA window past the mapping");
                 let pinning = Instant::now();
-                crate::hot::populate(ptr, len);
+                populate(ptr, len);
                 // SAFETY: the mapping outlives the job, and the pin is held on
                 // `pending` until the copies' fence has passed. Windows never
                 // overlap, so no page is pinned twice.
@@ -333,10 +275,7 @@ fn read_window(
     win: &Window,
 ) -> Result<IoMode> {
     let staging = &mut w.slots[slot];
-    assert!(
-        win.read_len as usize <= staging.len(),
-        "window larger than a slot"
-    );
+    assert_fits(win, staging.as_ref());
     // SAFETY: this worker owns the slot exclusively and no copy reads it now
     // (its last fence has passed), so a unique mutable view is sound.
     let buf =
@@ -349,7 +288,10 @@ fn read_window(
     let got = loop {
         match w.reader.read_at(file, mode, win.start, buf) {
             Ok(n) => break n,
-            Err(e) if mode == IoMode::Direct && e.raw_os_error() == Some(libc::EINVAL) => {
+            Err(e)
+                if mode == IoMode::Direct
+                    && e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) =>
+            {
                 file.refuse_direct();
                 mode = IoMode::Buffered;
             }
@@ -366,6 +308,8 @@ fn read_window(
         }
     };
     if (got as u64) < win.needed {
+        // Say how the file changed, where it did.
+        file.check_unchanged()?;
         return Err(Error::new(
             ErrorKind::Io,
             format!(

@@ -4,8 +4,8 @@
 //! fence behind those copies has passed, so copies and writes overlap (a
 //! worker keeps up to its slot count in flight, and workers run in parallel).
 
+use super::workers::{assert_fits, run_workers, Progress};
 use crate::device::{CopyQueue, Fence, StagingMemory};
-use crate::pipeline::{run_workers, Progress};
 use crate::plan::Window;
 use crate::stats::WorkerProfile;
 use crate::storage::{write_mode, IoMode, SinkFile, WriteBackend};
@@ -23,7 +23,7 @@ pub type WriteFilter<'a> = &'a (dyn Fn(usize, u64, &[u8]) -> Result<Vec<Range<u6
 
 /// Byte counts one worker wrote, by mode, and where its time went.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Written {
+pub(super) struct Written {
     pub direct: u64,
     pub buffered: u64,
     /// Bytes the filter chose not to write.
@@ -31,7 +31,7 @@ pub(crate) struct Written {
     pub profile: WorkerProfile,
 }
 
-pub(crate) struct WriteJob<'a> {
+pub(super) struct WriteJob<'a> {
     pub files: &'a [SinkFile],
     pub writer: &'a dyn WriteBackend,
     pub windows: Vec<Window>,
@@ -39,14 +39,14 @@ pub(crate) struct WriteJob<'a> {
     pub progress: Option<Progress<'a>>,
 }
 
-pub(crate) struct WriteWorker<'s> {
+pub(super) struct WriteWorker<'s> {
     pub slots: &'s mut [Box<dyn StagingMemory>],
     pub queue: Box<dyn CopyQueue>,
 }
 
 /// Runs `job` on `workers`. Either every window was written (or skipped by
 /// the filter) or an error is returned.
-pub(crate) fn run(job: &WriteJob<'_>, workers: Vec<WriteWorker<'_>>) -> Result<Written> {
+pub(super) fn run(job: &WriteJob<'_>, workers: Vec<WriteWorker<'_>>) -> Result<Written> {
     let next = AtomicUsize::new(0);
     let abort = AtomicBool::new(false);
     let mut total = Written::default();
@@ -124,10 +124,7 @@ fn queue_window(
 ) -> Result<Box<dyn Fence>> {
     let t = Instant::now();
     let staging = &mut w.slots[slot];
-    assert!(
-        win.read_len as usize <= staging.len(),
-        "window larger than a slot"
-    );
+    assert_fits(win, staging.as_ref());
     let base = staging.as_mut_ptr();
     for c in &win.copies {
         // SAFETY: the copy lands inside the slot (window_offset + len <=
@@ -231,7 +228,9 @@ fn write_range(
         match writer.write_at(file, IoMode::Direct, at, buf) {
             Ok(()) => split = aligned,
             // The file system took O_DIRECT at open but refuses the write.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => file.refuse_direct(),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+                file.refuse_direct()
+            }
             Err(e) => return Err(write_error(file, at, aligned, e)),
         }
     }
@@ -244,7 +243,7 @@ fn write_range(
     Ok((split, len - split))
 }
 
-pub(crate) fn write_error(file: &SinkFile, at: u64, len: u64, e: std::io::Error) -> Error {
+pub(super) fn write_error(file: &SinkFile, at: u64, len: u64, e: std::io::Error) -> Error {
     let err = Error::io(
         file.path(),
         &format!("write of {len} bytes at offset {at} failed in"),

@@ -1,0 +1,55 @@
+//! The engine's settings.
+
+use super::route::HotRoute;
+use crate::staging::StagingConfig;
+use crate::storage::BackendKind;
+
+/// When to read with O_DIRECT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DirectIo {
+    /// O_DIRECT for files that are not in the page cache, where allowed.
+    Auto,
+    /// O_DIRECT wherever the file system allows it.
+    Always,
+    /// Always through the page cache.
+    Never,
+}
+
+/// Engine settings; the defaults suit the reference machine (see README).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EngineConfig {
+    pub staging: StagingConfig,
+    /// I/O worker threads (each with its own reader and copy queue).
+    pub io_threads: usize,
+    pub backend: BackendKind,
+    pub direct_io: DirectIo,
+    pub hot_route: HotRoute,
+    /// Bytes pinned per page-cache DMA window.
+    pub dma_window_bytes: usize,
+    /// A file counts as hot when at least this fraction of it is cached.
+    pub hot_threshold: f64,
+    /// Hot bytes each route moves while `HotRoute::Auto` measures which is
+    /// faster (needs 4x this much hot data to measure).
+    pub hot_probe_bytes: u64,
+    /// Where to remember that measurement across processes (per device and
+    /// kernel); `None` measures once per engine. The CLI uses
+    /// [`hot_choice::default_file`](super::hot_choice::default_file).
+    pub hot_choice_file: Option<std::path::PathBuf>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            staging: StagingConfig::default(),
+            io_threads: crate::machine::available_cpus().clamp(2, 16),
+            backend: BackendKind::Auto,
+            direct_io: DirectIo::Auto,
+            hot_route: HotRoute::Auto,
+            dma_window_bytes: 64 << 20,
+            hot_threshold: 0.98,
+            hot_probe_bytes: 512 << 20,
+            hot_choice_file: None,
+        }
+    }
+}

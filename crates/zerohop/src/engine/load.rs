@@ -1,0 +1,152 @@
+//! Loads: the planned extents go through the read pipeline, each file on
+//! its route, the hot route measured first where it is still unknown.
+
+use super::read_pipeline::{self, Job, Moved, ReadCheck, Worker};
+use super::route::{FileRoute, Route, NO_DMA_NOTE, STAGED};
+use super::{page_cache_dma, Engine, HotRoute, Progress};
+use crate::plan::{work_items, Extent, TransferPlan};
+use crate::staging::StagingPool;
+use crate::stats::TransferStats;
+use crate::storage::SourceFile;
+use crate::{Error, Result};
+use std::time::Instant;
+
+/// What one or more pipeline runs of a transfer did.
+#[derive(Default)]
+pub(super) struct Phase {
+    moved: Moved,
+    windows: usize,
+    threads: usize,
+    pub(super) notes: Vec<String>,
+}
+
+impl Phase {
+    pub(super) fn absorb(&mut self, o: Phase) {
+        self.moved.add(o.moved);
+        self.windows += o.windows;
+        self.threads = self.threads.max(o.threads);
+        self.notes.extend(o.notes);
+    }
+}
+
+impl Engine {
+    /// [`Engine::transfer`] and [`Engine::transfer_checked`]: routes each
+    /// file, measures the hot route if it must, moves everything, then checks
+    /// that no file changed under the load.
+    pub(super) fn run_transfer(
+        &self,
+        files: &[SourceFile],
+        plan: &TransferPlan,
+        check: Option<ReadCheck<'_>>,
+        progress: Option<Progress<'_>>,
+    ) -> Result<TransferStats> {
+        let started = Instant::now();
+        let cpu_before = crate::stats::cpu_seconds();
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        self.wait_for_streams(plan.streams())?;
+        let routes: Vec<FileRoute> = files
+            .iter()
+            .map(|f| match self.route_for(f) {
+                r @ FileRoute::Fixed(Route::Staged(_)) => r,
+                _ if check.is_some() => FileRoute::Fixed(STAGED),
+                r => r,
+            })
+            .collect();
+        let (hot, other): (Vec<Extent>, Vec<Extent>) = plan
+            .extents()
+            .iter()
+            .partition(|e| routes[e.file] == FileRoute::MeasuredHot);
+        let mut done = Phase::default();
+        if self.config.hot_route == HotRoute::PageCacheDma && !self.dma_copies {
+            done.notes.push(NO_DMA_NOTE.into());
+        }
+        let (hot_route, hot_left) =
+            self.choose_hot_route(files, hot, &mut pool, progress, &mut done)?;
+        let extents: Vec<Extent> = hot_left.into_iter().chain(other).collect();
+        let route_of = |f: usize| match routes[f] {
+            FileRoute::Fixed(r) => r,
+            FileRoute::MeasuredHot => hot_route,
+        };
+        done.absorb(self.run_phase(files, &extents, route_of, &mut pool, check, progress)?);
+        files.iter().try_for_each(SourceFile::check_unchanged)?;
+
+        let mut stats = TransferStats {
+            device: self.device.describe(),
+            bytes: plan.bytes(),
+            backend: self.backend.name().to_string(),
+            direct_bytes: done.moved.direct,
+            buffered_bytes: done.moved.buffered,
+            page_cache_dma_bytes: done.moved.page_cache_dma,
+            staging_bytes: pool.bytes(),
+            io_threads: done.threads,
+            files: files.len(),
+            windows: done.windows,
+            profile: done.moved.profile,
+            notes: done.notes,
+            ..Default::default()
+        };
+        debug_assert_eq!(
+            stats.direct_bytes + stats.buffered_bytes + stats.page_cache_dma_bytes,
+            plan.bytes()
+        );
+        stats.finish(started, cpu_before);
+        Ok(stats)
+    }
+
+    /// One pipeline run over `extents`, each file taking `route_of(file)`.
+    pub(super) fn run_phase(
+        &self,
+        files: &[SourceFile],
+        extents: &[Extent],
+        route_of: impl Fn(usize) -> Route,
+        pool: &mut StagingPool,
+        check: Option<ReadCheck<'_>>,
+        progress: Option<Progress<'_>>,
+    ) -> Result<Phase> {
+        let mut routes: Vec<Route> = (0..files.len()).map(route_of).collect();
+        let (maps, mut notes) = page_cache_dma::map_files(files, extents, &mut routes);
+        let items = work_items(
+            extents,
+            &routes,
+            pool.config().slot_bytes as u64,
+            self.config.dma_window_bytes as u64,
+        );
+        let windows = items.len();
+        let shares = pool.worker_shares(self.config.io_threads.min(windows));
+        let threads = shares.len();
+        let mut workers = Vec::with_capacity(threads);
+        for share in shares {
+            workers.push(Worker {
+                slots: share,
+                queue: self.device.new_queue()?,
+                reader: self.backend.reader().map_err(|e| {
+                    Error::with_source(
+                        crate::ErrorKind::Io,
+                        format!("cannot start a {} reader", self.backend.name()),
+                        e,
+                    )
+                })?,
+            });
+        }
+        let job = Job {
+            device: self.device.as_ref(),
+            files,
+            maps: &maps,
+            items,
+            check,
+            progress,
+        };
+        let (moved, pin_refusal) = read_pipeline::run(&job, workers)?;
+        if let Some(why) = pin_refusal {
+            notes.push(format!(
+                "page-cache DMA could not pin pages ({why}); those windows were staged instead"
+            ));
+        }
+        Ok(Phase {
+            moved,
+            windows,
+            threads,
+            notes,
+        })
+    }
+}

@@ -1,0 +1,146 @@
+//! Route choice: how each file's bytes travel to the device. The routes are
+//! one family: [`HotRoute`] is the setting for files already in the page
+//! cache, [`FileRoute`] a file's route before the hot route is measured,
+//! and [`Route`] how one window's bytes finally travel.
+
+use super::hot_choice::{self, HotChoice};
+use super::load::Phase;
+use super::{DirectIo, Engine, Progress};
+use crate::device::{Device, DeviceKind};
+use crate::plan::{split_extents, Extent};
+use crate::staging::StagingPool;
+use crate::storage::{IoMode, SourceFile};
+use crate::Result;
+use std::time::Instant;
+
+/// Which route hot files (already in the page cache) take. Page-cache DMA
+/// runs only on devices that copy by DMA (GPUs); on host memory hot files
+/// are staged whatever this says, and with `PageCacheDma` a note says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HotRoute {
+    /// Whichever of the two the engine measures faster on this machine.
+    Auto,
+    /// CPU copies from the page cache into staging slots.
+    Staged,
+    /// The GPU copies from the registered page-cache pages.
+    PageCacheDma,
+}
+
+/// How one window's bytes reach the device (`staged` and `page-cache DMA`
+/// in stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Read into a staging slot (buffered or O_DIRECT), then copied.
+    Staged(IoMode),
+    /// Copied by the device straight from the file's pinned page-cache pages.
+    PageCacheDma,
+}
+
+/// Buffered reads into staging slots: the route for hot files until measured.
+pub(crate) const STAGED: Route = Route::Staged(IoMode::Buffered);
+
+/// A file's route before the hot route is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FileRoute {
+    Fixed(Route),
+    /// In the page cache, with `HotRoute::Auto`: the engine's measured choice.
+    MeasuredHot,
+}
+
+/// Whether `device`'s copies from host memory are done by DMA hardware. Only
+/// then may they read a file's mapping: a CPU copy (host memory, the
+/// simulated device) from a file truncated meanwhile would kill the process
+/// with SIGBUS, while a GPU copies from pages it pinned. (A device
+/// capability flag is to replace this test of the kind.)
+pub(super) fn copies_by_dma(device: &dyn Device) -> bool {
+    matches!(device.kind(), DeviceKind::Cuda(_))
+}
+
+/// The note a transfer carries when page-cache DMA was asked for on a device
+/// that copies with the CPU.
+pub(super) const NO_DMA_NOTE: &str = "page-cache DMA needs a device that copies by DMA (a GPU); \
+     this one copies with the CPU, which a file truncated during the load would crash, \
+     so the files were staged";
+
+impl Engine {
+    /// The route for a file: `MeasuredHot` for files in the page cache (per
+    /// `hot_route`), else staged reads, O_DIRECT per `direct_io`.
+    pub(super) fn route_for(&self, f: &SourceFile) -> FileRoute {
+        let hot = f.resident_fraction() >= self.config.hot_threshold;
+        match self.config.hot_route {
+            HotRoute::PageCacheDma if self.dma_copies => {
+                return FileRoute::Fixed(Route::PageCacheDma)
+            }
+            HotRoute::Auto if hot && self.dma_copies => return FileRoute::MeasuredHot,
+            _ => {}
+        }
+        let direct = f.direct_capable()
+            && match self.config.direct_io {
+                DirectIo::Never => false,
+                DirectIo::Always => true,
+                DirectIo::Auto => !hot,
+            };
+        FileRoute::Fixed(Route::Staged(if direct {
+            IoMode::Direct
+        } else {
+            IoMode::Buffered
+        }))
+    }
+
+    /// The route for hot files, and the hot extents still to move. With
+    /// `HotRoute::Auto` and no earlier measurement, the first transfer with
+    /// enough hot bytes moves a probe's worth by each route (staged, then
+    /// page-cache DMA), timing both; the faster takes the rest, and later
+    /// transfers (and processes, with `hot_choice_file`).
+    pub(super) fn choose_hot_route(
+        &self,
+        files: &[SourceFile],
+        hot: Vec<Extent>,
+        pool: &mut StagingPool,
+        progress: Option<Progress<'_>>,
+        done: &mut Phase,
+    ) -> Result<(Route, Vec<Extent>)> {
+        if hot.is_empty() {
+            return Ok((STAGED, hot));
+        }
+        if let Some(choice) = *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) {
+            let kept = self
+                .config
+                .hot_choice_file
+                .as_ref()
+                .map_or(String::new(), |p| format!(" (kept in {})", p.display()));
+            done.notes.push(format!(
+                "hot route measured earlier{kept}: {}",
+                choice.describe()
+            ));
+            return Ok((choice.route(), hot));
+        }
+        let probe = self.config.hot_probe_bytes;
+        if hot.iter().map(|e| e.len).sum::<u64>() < 4 * probe {
+            // Too little to measure: the staged route, which pins no
+            // page-cache pages and won on the reference machine.
+            return Ok((STAGED, hot));
+        }
+        let (a, rest) = split_extents(&hot, probe);
+        let (b, rest) = split_extents(&rest, probe);
+        let mut timed = |extents: Vec<Extent>, route: Route| -> Result<f64> {
+            let t = Instant::now();
+            done.absorb(self.run_phase(files, &extents, |_| route, pool, None, progress)?);
+            Ok(probe as f64 / t.elapsed().as_secs_f64() / 1e9)
+        };
+        let choice = HotChoice {
+            staged_gbps: timed(a, STAGED)?,
+            dma_gbps: timed(b, Route::PageCacheDma)?,
+        };
+        done.notes.push(format!(
+            "hot route measured on this transfer: {}",
+            choice.describe()
+        ));
+        *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) = Some(choice);
+        if let Some(file) = &self.config.hot_choice_file {
+            hot_choice::store(file, &self.hot_choice_key, choice);
+        }
+        Ok((choice.route(), rest))
+    }
+}

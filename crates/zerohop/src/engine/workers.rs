@@ -1,0 +1,66 @@
+//! What the read and write pipelines share: progress reports, the check
+//! that a window fits its slot, and the runner of their worker threads.
+
+use crate::device::StagingMemory;
+use crate::plan::Window;
+use crate::{Error, ErrorKind, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// Reports progress in bytes; called from worker threads.
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
+/// Checks that `win` fits in `slot`. Windows are cut to the slot size when
+/// planned, so a larger one is a bug in the engine, not bad input.
+pub(super) fn assert_fits(win: &Window, slot: &dyn StagingMemory) {
+    assert!(
+        win.read_len as usize <= slot.len(),
+        "window larger than a slot"
+    );
+}
+
+/// Runs `work` once per worker, each on its own thread. The first error
+/// raises `abort` (which `work` polls between items) and is returned once
+/// every worker has stopped; otherwise every worker's result.
+pub(super) fn run_workers<W: Send, T: Send>(
+    workers: Vec<W>,
+    abort: &AtomicBool,
+    work: impl Fn(W) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let first_error: Mutex<Option<Error>> = Mutex::new(None);
+    let mut results = Vec::with_capacity(workers.len());
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = workers
+            .into_iter()
+            .map(|w| {
+                let (work, first_error) = (&work, &first_error);
+                scope.spawn(move || {
+                    let r = work(w);
+                    if let Err(e) = &r {
+                        abort.store(true, Ordering::Relaxed);
+                        let mut slot = first_error.lock().unwrap();
+                        if slot.is_none() {
+                            *slot = Some(Error::new(e.kind(), e.to_string()));
+                        }
+                    }
+                    r
+                })
+            })
+            .collect();
+        for h in handles {
+            match h.join() {
+                Ok(Ok(m)) => results.push(m),
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    first_error.lock().unwrap().get_or_insert_with(|| {
+                        Error::new(ErrorKind::Device, "an I/O worker panicked")
+                    });
+                }
+            }
+        }
+    });
+    match first_error.into_inner().unwrap() {
+        Some(e) => Err(e),
+        None => Ok(results),
+    }
+}
