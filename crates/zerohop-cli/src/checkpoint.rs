@@ -1,7 +1,7 @@
 //! `zerohop checkpoint save|restore|verify|ls|rm`.
 
 use crate::common::{gib, EngineArgs};
-use crate::load::{verify as compare, Placed};
+use crate::verify::{verify as compare, Placed};
 use clap::Subcommand;
 use serde::Serialize;
 use std::path::{Path, PathBuf};

@@ -1,13 +1,13 @@
-//! `zerohop load`, `gen` and `demo`.
+//! `zerohop load`: files into device memory, optionally compared afterwards.
 
 use crate::common::{gib, EngineArgs};
+use crate::verify::{verify, Placed};
 use clap::Args;
 use serde::Serialize;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use zerohop::progress_line::ProgressLine;
 use zerohop::safetensors::{self, Allocation};
-use zerohop::{DeviceBuffer, Engine, Error, Result, TransferStats};
+use zerohop::{Engine, Error, Result, TransferStats};
 
 #[derive(Args, Debug)]
 pub struct LoadArgs {
@@ -37,13 +37,6 @@ struct LoadReport<'a> {
     stats: &'a TransferStats,
     tensors: Option<usize>,
     verified: Option<bool>,
-}
-
-/// Destination ranges and where their bytes come from, for `--verify`.
-pub(crate) struct Placed {
-    pub path: PathBuf,
-    pub file_offset: u64,
-    pub buffer: DeviceBuffer,
 }
 
 /// Loads files as asked; returns the stats and what went where.
@@ -161,107 +154,4 @@ pub fn print_stats(s: &TransferStats, tensors: Option<usize>) {
     for n in &s.notes {
         println!("note     {n}");
     }
-}
-
-/// Reads every placed range back from the device and compares it with the
-/// file, 64 MiB at a time. Prints the first difference.
-pub(crate) fn verify(engine: &Engine, placed: &[Placed]) -> Result<bool> {
-    const CHUNK: usize = 64 << 20;
-    let total = placed.iter().map(|p| p.buffer.len() as u64).sum();
-    let bar = ProgressLine::new("verifying", total);
-    let mut dev = vec![0u8; CHUNK];
-    let mut host = vec![0u8; CHUNK];
-    let mut open: Option<(PathBuf, std::fs::File)> = None;
-    for p in placed {
-        if open.as_ref().is_none_or(|(path, _)| *path != p.path) {
-            let f =
-                std::fs::File::open(&p.path).map_err(|e| Error::io(&p.path, "cannot open", e))?;
-            open = Some((p.path.clone(), f));
-        }
-        let file = &open.as_ref().expect("opened above").1;
-        let mut off = 0;
-        while off < p.buffer.len() {
-            let n = CHUNK.min(p.buffer.len() - off);
-            engine.device().read_back(&p.buffer, off, &mut dev[..n])?;
-            let at = p.file_offset + off as u64;
-            file.read_exact_at(&mut host[..n], at)
-                .map_err(|e| Error::io(&p.path, "cannot read", e))?;
-            if let Some(i) = (0..n).find(|&i| dev[i] != host[i]) {
-                bar.finish();
-                eprintln!(
-                    "first difference: {} byte {} (device {:#04x}, file {:#04x})",
-                    p.path.display(),
-                    at + i as u64,
-                    dev[i],
-                    host[i]
-                );
-                return Ok(false);
-            }
-            off += n;
-            bar.advance(n as u64);
-        }
-    }
-    bar.finish();
-    Ok(true)
-}
-
-pub fn gen(out: &Path, size: u64, seed: u64) -> Result<()> {
-    let bar = ProgressLine::new("writing", size);
-    let progress = |n| bar.advance(n);
-    let written = safetensors::write_synthetic(out, size, seed, Some(&progress))?;
-    bar.finish();
-    let tensors = safetensors::transformer_shapes(size).len();
-    println!(
-        "wrote {} ({tensors} bf16 tensors) to {}",
-        gib(written),
-        out.display()
-    );
-    Ok(())
-}
-
-pub fn demo(size: u64, dir: Option<PathBuf>) -> Result<()> {
-    let dir = dir.unwrap_or_else(|| std::env::temp_dir().join("zerohop-demo"));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "cannot create", e))?;
-    let path = dir.join("demo.safetensors");
-    println!("== generating a {} transformer-shaped model", gib(size));
-    gen(&path, size, 1)?;
-    println!("== loading it with verification");
-    let args = LoadArgs {
-        files: vec![path.clone()],
-        engine: crate::common::EngineArgs {
-            device: "auto".into(),
-            threads: None,
-            staging: None,
-            slot: None,
-            backend: crate::common::BackendArg::Auto,
-            direct: crate::common::DirectArg::Auto,
-            hot_route: crate::common::HotArg::Auto,
-            dma_window: None,
-        },
-        raw: false,
-        per_tensor: false,
-        verify: true,
-        json: false,
-    };
-    run(&args)?;
-    println!("== saving it as a checkpoint, then restoring that and comparing with the model");
-    let ck = dir.join("demo-checkpoint");
-    if ck.exists() {
-        zerohop_checkpoint::remove(&ck)?;
-    }
-    use crate::checkpoint::{run as checkpoint, CheckpointCommand};
-    checkpoint(CheckpointCommand::Save {
-        from: vec![path.clone()],
-        dir: ck.clone(),
-        parent: None,
-        shards: None,
-        engine: args.engine.clone(),
-        json: false,
-    })?;
-    checkpoint(CheckpointCommand::Restore {
-        dir: ck,
-        against: vec![path],
-        engine: args.engine,
-        json: false,
-    })
 }

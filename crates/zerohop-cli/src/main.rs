@@ -3,12 +3,13 @@
 
 mod agent;
 mod bench;
-mod bench_agent;
-mod bench_checkpoint;
 mod checkpoint;
 mod common;
+mod demo;
+mod gen;
 mod info;
 mod load;
+mod verify;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -72,11 +73,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { path, json } => info::run(path.as_deref(), json),
-        Command::Gen { size, seed, out } => load::gen(&out, size, seed),
+        Command::Gen { size, seed, out } => gen::run(&out, size, seed),
         Command::Load(args) => load::run(&args),
         Command::Checkpoint(cmd) => checkpoint::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
-        Command::Demo { size, dir } => load::demo(size, dir),
+        Command::Demo { size, dir } => demo::run(size, dir),
         Command::Agent(args) => agent::run(args),
     };
     match result {

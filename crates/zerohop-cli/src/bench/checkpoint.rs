@@ -2,16 +2,13 @@
 //! restore it, beside the raw O_DIRECT write and read rates of the same
 //! directory measured in the same run.
 
-use crate::bench::AlignedBuf;
+use super::raw_io::{raw_read_files, raw_write_files, Source};
 use crate::common::{gib, EngineArgs};
 use clap::Args;
 use serde::Serialize;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 use zerohop::probe::drop_from_page_cache;
-use zerohop::storage::{BackendKind, IoMode, SourceFile};
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
 use zerohop_checkpoint::{self as ckpt, Region, SaveOptions};
 
@@ -308,128 +305,4 @@ fn same(engine: &Engine, buf: &DeviceBuffer, period: &[u8], scratch: &mut [u8]) 
         }
     }
     Ok(true)
-}
-
-/// Where a raw writer's bytes come from.
-#[derive(Clone, Copy)]
-enum Source {
-    /// One 8 MiB buffer per writer, written again and again: it stays in
-    /// the CPU's caches, so the file system alone sets the rate.
-    Cached,
-    /// 256 MiB per writer (gigabytes in all, far beyond any cache), written
-    /// piece after piece, as data to save is read from RAM.
-    Ram,
-}
-
-impl Source {
-    fn bytes_per_writer(self) -> usize {
-        match self {
-            Source::Cached => RAW_PIECE,
-            Source::Ram => 256 << 20,
-        }
-    }
-}
-
-impl std::fmt::Display for Source {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Source::Cached => "from a cache-resident 8 MiB buffer",
-            Source::Ram => "from 256 MiB of RAM per writer",
-        })
-    }
-}
-
-/// Bytes per raw write call.
-const RAW_PIECE: usize = 8 << 20;
-
-struct RawFiles {
-    paths: Vec<PathBuf>,
-    how: &'static str,
-    gbps: f64,
-}
-
-/// Writes `total` bytes split over `threads` files in `dir`, one writer
-/// each, 8 MiB at a time from `source` with O_DIRECT (buffered where
-/// refused), then fsyncs them and the directory: the storage side's write
-/// limit.
-fn raw_write_files(dir: &Path, total: u64, threads: usize, source: Source) -> Result<RawFiles> {
-    let per = total
-        .div_ceil(threads as u64)
-        .next_multiple_of(RAW_PIECE as u64);
-    let paths: Vec<PathBuf> = (0..threads)
-        .map(|t| dir.join(format!(".zerohop-raw-{}-{t}", std::process::id())))
-        .collect();
-    let direct = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&paths[0])
-        .is_ok();
-    let open = |p: &Path| {
-        let mut o = OpenOptions::new();
-        o.write(true).create(true).truncate(true);
-        if direct {
-            o.custom_flags(libc::O_DIRECT);
-        }
-        o.open(p).map_err(|e| Error::io(p, "cannot create", e))
-    };
-    // Writers fill their sources before the clock starts (first touches of
-    // fresh memory are slow on some VMs).
-    let ready = std::sync::Barrier::new(threads + 1);
-    let mut started = Instant::now();
-    std::thread::scope(|s| -> Result<()> {
-        let ready = &ready;
-        let handles: Vec<_> = paths
-            .iter()
-            .map(|p| {
-                s.spawn(move || -> Result<()> {
-                    let mut buf = AlignedBuf::new(source.bytes_per_writer());
-                    buf.as_mut_slice().fill(0x5a);
-                    let opened = open(p);
-                    ready.wait();
-                    let f: File = opened?;
-                    let pieces = buf.as_mut_slice().chunks(RAW_PIECE).cycle();
-                    for (at, piece) in (0..per).step_by(RAW_PIECE).zip(pieces) {
-                        f.write_all_at(piece, at)
-                            .map_err(|e| Error::io(p, "raw write failed in", e))?;
-                    }
-                    f.sync_all().map_err(|e| Error::io(p, "cannot fsync", e))
-                })
-            })
-            .collect();
-        ready.wait();
-        started = Instant::now();
-        handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(Error::invalid("writer panicked")))
-        })
-    })?;
-    zerohop::storage::sync_dir(dir)?;
-    Ok(RawFiles {
-        gbps: (per * threads as u64) as f64 / started.elapsed().as_secs_f64() / 1e9,
-        paths,
-        how: if direct { "O_DIRECT" } else { "buffered" },
-    })
-}
-
-/// Reads the raw files back after dropping them from the page cache, with
-/// `threads` readers (io_uring, O_DIRECT where allowed) taking 8 MiB pieces
-/// of any file: the storage side's read limit, read the way restores read.
-fn raw_read_files(paths: &[PathBuf], threads: usize) -> Result<(String, f64)> {
-    for p in paths {
-        drop_from_page_cache(p).map_err(|e| Error::io(p, "cannot drop the cache of", e))?;
-    }
-    let direct = paths
-        .iter()
-        .map(|p| SourceFile::open(p).map(|f| f.direct_capable()))
-        .collect::<Result<Vec<_>>>()?;
-    let mode = if direct.iter().all(|&d| d) {
-        IoMode::Direct
-    } else {
-        IoMode::Buffered
-    };
-    let paths: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-    let (name, gbps) = crate::bench::raw_read(&paths, BackendKind::Auto, mode, threads)?;
-    Ok((format!("{name} {mode:?}"), gbps))
 }

@@ -284,7 +284,7 @@ fn prepare_cache(file: &Path, cold: bool) -> Result<String> {
             left * 100.0
         ));
     }
-    crate::bench::warm(file)?;
+    super::raw_io::warm(file)?;
     Ok("hot".into())
 }
 
