@@ -1,11 +1,11 @@
 //! `zerohop checkpoint save|restore|verify|ls|rm`.
 
 use crate::common::{gib, EngineArgs};
+use crate::progress::bytes_bar;
 use crate::verify::{verify as compare, Placed};
 use clap::Subcommand;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use zerohop::progress_line::ProgressLine;
 use zerohop::safetensors::{self, Allocation};
 use zerohop::storage::SourceFile;
 use zerohop::{Error, ErrorKind, Result, TransferStats};
@@ -92,10 +92,10 @@ pub fn run(cmd: CheckpointCommand) -> Result<()> {
         } => restore(&dir, &against, &engine, json),
         CheckpointCommand::Verify { dir, threads, json } => {
             let total = Manifest::read(&dir)?.bytes();
-            let bar = ProgressLine::new("verifying", total);
-            let progress = |n| bar.advance(n);
+            let bar = bytes_bar("verifying", total, json);
+            let progress = |n| bar.inc(n);
             let v = ckpt::verify(&dir, threads, Some(&progress))?;
-            bar.finish();
+            bar.finish_and_clear();
             if json {
                 println!(
                     "{}",
@@ -143,15 +143,15 @@ fn save(
         .map(|t| Region::tensor(t.name.clone(), t.dtype, t.shape.clone(), t.buffer.clone()))
         .collect();
     let bytes: u64 = regions.iter().map(|r| r.data.len() as u64).sum();
-    let bar = ProgressLine::new("saving", bytes);
-    let progress = |n| bar.advance(n);
+    let bar = bytes_bar("saving", bytes, json);
+    let progress = |n| bar.inc(n);
     let opts = SaveOptions {
         parent,
         shards,
         ..SaveOptions::default()
     };
     let saved = ckpt::save(&engine, &regions, dir, &opts, Some(&progress))?;
-    bar.finish();
+    bar.finish_and_clear();
     let gbps = bytes as f64 / saved.seconds / 1e9;
     if json {
         let report = SaveReport {
@@ -199,10 +199,10 @@ fn save(
 fn restore(dir: &Path, against: &[PathBuf], args: &EngineArgs, json: bool) -> Result<()> {
     let engine = args.engine()?;
     let manifest = Manifest::read(dir)?;
-    let bar = ProgressLine::new("restoring", manifest.bytes());
-    let progress = |n| bar.advance(n);
+    let bar = bytes_bar("restoring", manifest.bytes(), json);
+    let progress = |n| bar.inc(n);
     let r = ckpt::restore(&engine, dir, Some(&progress))?;
-    bar.finish();
+    bar.finish_and_clear();
     let mut matches = None;
     if !against.is_empty() {
         let mut placed = Vec::new();
@@ -231,7 +231,7 @@ fn restore(dir: &Path, against: &[PathBuf], args: &EngineArgs, json: bool) -> Re
                 }
             }
         }
-        matches = Some(compare(&engine, &placed)?);
+        matches = Some(compare(&engine, &placed, json)?);
     }
     let s = &r.stats;
     if json {

@@ -1,11 +1,11 @@
 //! `zerohop load`: files into device memory, optionally compared afterwards.
 
 use crate::common::{gib, EngineArgs};
+use crate::progress::bytes_bar;
 use crate::verify::{verify, Placed};
 use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
-use zerohop::progress_line::ProgressLine;
 use zerohop::safetensors::{self, Allocation};
 use zerohop::{Engine, Error, Result, TransferStats};
 
@@ -50,8 +50,8 @@ fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize
                 .map_err(|e| Error::io(p, "cannot stat", e))
         })
         .sum::<Result<u64>>()?;
-    let bar = ProgressLine::new("loading", total);
-    let progress = |n| bar.advance(n);
+    let bar = bytes_bar("loading", total, args.json);
+    let progress = |n| bar.inc(n);
     let is_safetensors = !args.raw
         && args
             .files
@@ -91,7 +91,7 @@ fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize
                 (stats, None, placed)
             })
     };
-    bar.finish();
+    bar.finish_and_clear();
     result
 }
 
@@ -99,7 +99,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
     let engine = args.engine.engine()?;
     let (stats, tensors, placed) = load(&engine, args)?;
     let verified = if args.verify {
-        Some(verify(&engine, &placed)?)
+        Some(verify(&engine, &placed, args.json)?)
     } else {
         None
     };

@@ -9,6 +9,7 @@ mod demo;
 mod gen;
 mod info;
 mod load;
+mod progress;
 mod verify;
 
 use clap::{Parser, Subcommand};

@@ -1,9 +1,9 @@
 //! Comparing what a transfer placed in device memory with the files the
 //! bytes came from (`load --verify`, `checkpoint restore --against`).
 
+use crate::progress::bytes_bar;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use zerohop::progress_line::ProgressLine;
 use zerohop::{DeviceBuffer, Engine, Error, Result};
 
 /// Destination ranges and where their bytes come from, for `--verify`.
@@ -14,11 +14,12 @@ pub(crate) struct Placed {
 }
 
 /// Reads every placed range back from the device and compares it with the
-/// file, 64 MiB at a time. Prints the first difference.
-pub fn verify(engine: &Engine, placed: &[Placed]) -> Result<bool> {
+/// file, 64 MiB at a time. Prints the first difference. `quiet`: no
+/// progress bar.
+pub fn verify(engine: &Engine, placed: &[Placed], quiet: bool) -> Result<bool> {
     const CHUNK: usize = 64 << 20;
     let total = placed.iter().map(|p| p.buffer.len() as u64).sum();
-    let bar = ProgressLine::new("verifying", total);
+    let bar = bytes_bar("verifying", total, quiet);
     let mut dev = vec![0u8; CHUNK];
     let mut host = vec![0u8; CHUNK];
     let mut open: Option<(PathBuf, std::fs::File)> = None;
@@ -37,7 +38,7 @@ pub fn verify(engine: &Engine, placed: &[Placed]) -> Result<bool> {
             file.read_exact_at(&mut host[..n], at)
                 .map_err(|e| Error::io(&p.path, "cannot read", e))?;
             if let Some(i) = (0..n).find(|&i| dev[i] != host[i]) {
-                bar.finish();
+                bar.finish_and_clear();
                 eprintln!(
                     "first difference: {} byte {} (device {:#04x}, file {:#04x})",
                     p.path.display(),
@@ -48,9 +49,9 @@ pub fn verify(engine: &Engine, placed: &[Placed]) -> Result<bool> {
                 return Ok(false);
             }
             off += n;
-            bar.advance(n as u64);
+            bar.inc(n as u64);
         }
     }
-    bar.finish();
+    bar.finish_and_clear();
     Ok(true)
 }

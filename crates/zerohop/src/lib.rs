@@ -19,7 +19,6 @@ pub mod machine;
 mod pipeline;
 pub mod plan;
 pub mod probe;
-pub mod progress_line;
 pub mod safetensors;
 pub mod staging;
 pub mod stats;
