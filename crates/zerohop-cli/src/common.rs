@@ -1,6 +1,8 @@
 //! Options and helpers shared by the commands.
 
 use clap::{Args, ValueEnum};
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 use zerohop::staging::StagingConfig;
 use zerohop::storage::BackendKind;
@@ -12,15 +14,17 @@ pub struct EngineArgs {
     /// cuda, cuda:N, host, or auto (the first GPU, else host memory).
     #[arg(long, default_value = "auto")]
     pub device: String,
-    /// I/O worker threads.
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Pinned staging memory in total, e.g. 256MiB.
-    #[arg(long, value_parser = parse_size)]
-    pub staging: Option<u64>,
+    /// I/O worker threads (by default one per CPU, at least 2, at most 16).
+    #[arg(long, default_value_t = EngineConfig::default().io_threads)]
+    pub threads: usize,
+    /// Staging memory in total (pinned on a GPU), e.g. 256MiB.
+    #[arg(long, default_value_t = ByteSize(StagingConfig::default().total_bytes as u64))]
+    pub staging: ByteSize,
     /// Staging slot size (one read), e.g. 8MiB.
-    #[arg(long, value_parser = parse_size)]
-    pub slot: Option<u64>,
+    #[arg(long, default_value_t = ByteSize(StagingConfig::default().slot_bytes as u64))]
+    pub slot: ByteSize,
+    /// How files are read: auto (io_uring where the kernel allows it, else
+    /// pread threads), io-uring, pread.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
     /// O_DIRECT: auto (for files not in the page cache), always, never.
@@ -30,8 +34,8 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = HotArg::Auto)]
     pub hot_route: HotArg,
     /// Bytes pinned per page-cache DMA window, e.g. 64MiB.
-    #[arg(long, value_parser = parse_size)]
-    pub dma_window: Option<u64>,
+    #[arg(long, default_value_t = ByteSize(EngineConfig::default().dma_window_bytes as u64))]
+    pub dma_window: ByteSize,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy)]
@@ -57,14 +61,13 @@ pub enum HotArg {
 
 impl EngineArgs {
     pub fn config(&self) -> EngineConfig {
-        let mut c = EngineConfig::default();
-        if let Some(t) = self.threads {
-            c.io_threads = t;
-        }
-        let d = StagingConfig::default();
+        let mut c = EngineConfig {
+            io_threads: self.threads,
+            ..EngineConfig::default()
+        };
         c.staging = StagingConfig {
-            total_bytes: self.staging.map_or(d.total_bytes, |v| v as usize),
-            slot_bytes: self.slot.map_or(d.slot_bytes, |v| v as usize),
+            total_bytes: self.staging.bytes(),
+            slot_bytes: self.slot.bytes(),
         };
         c.backend = match self.backend {
             BackendArg::Auto => BackendKind::Auto,
@@ -81,9 +84,7 @@ impl EngineArgs {
             HotArg::Staged => HotRoute::Staged,
             HotArg::Dma => HotRoute::PageCacheDma,
         };
-        if let Some(w) = self.dma_window {
-            c.dma_window_bytes = w as usize;
-        }
+        c.dma_window_bytes = self.dma_window.bytes();
         c.hot_choice_file = zerohop::hot_choice::default_file();
         c
     }
@@ -139,17 +140,60 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     Ok(v as u64)
 }
 
-pub fn gib(bytes: u64) -> String {
-    if bytes >= 1 << 30 {
-        format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+/// A size on the command line: parsed like `8GiB`, `512MiB` or `4096`,
+/// shown exactly in the largest unit that divides it (`128MiB`), so a
+/// default in `--help` reads well and parses back to itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    /// As a memory size for the engine's settings.
+    pub fn bytes(self) -> usize {
+        usize::try_from(self.0).unwrap_or(usize::MAX)
     }
+}
+
+impl FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        parse_size(s).map(ByteSize)
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unit = UNITS
+            .iter()
+            .rev()
+            .find(|(_, size)| self.0 >= *size && self.0.is_multiple_of(*size));
+        match unit {
+            Some((name, size)) => write!(f, "{}{name}", self.0 / size),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
+const UNITS: [(&str, u64); 4] = [
+    ("KiB", 1 << 10),
+    ("MiB", 1 << 20),
+    ("GiB", 1 << 30),
+    ("TiB", 1 << 40),
+];
+
+/// A size for people to read: `4 MiB`, `63.2 MiB`, `1.5 GiB`, `512 B`.
+pub fn human_size(bytes: u64) -> String {
+    let Some((name, size)) = UNITS.iter().rev().find(|(_, size)| bytes >= *size) else {
+        return format!("{bytes} B");
+    };
+    let text = format!("{:.2}", bytes as f64 / *size as f64);
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text} {name}")
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{human_size, parse_size, ByteSize};
 
     #[test]
     fn sizes_parse() {
@@ -160,5 +204,26 @@ mod tests {
         assert_eq!(parse_size("1.5k").unwrap(), 1536);
         assert!(parse_size("abc").is_err());
         assert!(parse_size("1XB").is_err());
+    }
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human_size(4 << 20), "4 MiB");
+        assert_eq!(human_size(66_270_000), "63.2 MiB");
+        assert_eq!(human_size(3 << 29), "1.5 GiB");
+        assert_eq!(human_size(512), "512 B");
+        assert_eq!(human_size(0), "0 B");
+        assert_eq!(human_size(u64::MAX), "16777216 TiB");
+    }
+
+    #[test]
+    fn byte_sizes_show_exactly_and_parse_back() {
+        for n in [0, 1, 4095, 4096, 128 << 20, 3 << 29, (1 << 40) + 1024] {
+            let shown = ByteSize(n).to_string();
+            assert_eq!(shown.parse::<ByteSize>(), Ok(ByteSize(n)), "{shown}");
+        }
+        assert_eq!(ByteSize(128 << 20).to_string(), "128MiB");
+        assert_eq!(ByteSize(3 << 29).to_string(), "1536MiB");
+        assert_eq!(ByteSize(4097).to_string(), "4097");
     }
 }

@@ -1,53 +1,115 @@
-//! `zerohop demo`: generate a model, load it, checkpoint it and restore it.
+//! `zerohop demo`: generate a model, load it, checkpoint it and restore it,
+//! in a working directory of its own that is removed at the end (on an
+//! error too) unless `--keep` is given.
 
-use crate::checkpoint::{self, CheckpointCommand};
-use crate::common::{gib, BackendArg, DirectArg, EngineArgs, HotArg};
+use crate::checkpoint;
+use crate::common::{human_size, ByteSize, EngineArgs};
 use crate::load::{self, LoadArgs};
-use std::path::PathBuf;
+use clap::Args;
+use std::path::{Path, PathBuf};
 use zerohop::{Error, Result};
 
-pub fn run(size: u64, dir: Option<PathBuf>) -> Result<()> {
-    let dir = dir.unwrap_or_else(|| std::env::temp_dir().join("zerohop-demo"));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "cannot create", e))?;
-    let path = dir.join("demo.safetensors");
-    println!("== generating a {} transformer-shaped model", gib(size));
-    crate::gen::run(&path, size, 1)?;
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Size of the demo model (the checkpoint takes as much again).
+    #[arg(long, default_value_t = ByteSize(1 << 30))]
+    size: ByteSize,
+    /// Where to make the demo's working directory (default: the system
+    /// temp directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Keep the model and the checkpoint afterwards, and say where.
+    #[arg(long)]
+    keep: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn run(a: &DemoArgs) -> Result<()> {
+    let parent = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let work = WorkDir::create(&parent, a.keep)?;
+    println!(
+        "== working in {} ({})",
+        work.path.display(),
+        if a.keep {
+            "kept afterwards"
+        } else {
+            "removed at the end; --keep keeps it"
+        }
+    );
+    let result = steps(a, &work.path);
+    let path = work.path.clone();
+    drop(work);
+    if a.keep {
+        println!(
+            "== kept the demo model and its checkpoint in {}",
+            path.display()
+        );
+    } else {
+        println!("== removed {}", path.display());
+    }
+    result
+}
+
+fn steps(a: &DemoArgs, dir: &Path) -> Result<()> {
+    let model = dir.join("demo.safetensors");
+    println!(
+        "== generating a {} transformer-shaped model",
+        human_size(a.size.0)
+    );
+    crate::gen::run(&model, a.size.0, 1)?;
+    // One device for every step, so a note about it is printed once.
+    let engine = a.engine.engine()?;
     println!("== loading it with verification");
     let args = LoadArgs {
-        files: vec![path.clone()],
-        engine: EngineArgs {
-            device: "auto".into(),
-            threads: None,
-            staging: None,
-            slot: None,
-            backend: BackendArg::Auto,
-            direct: DirectArg::Auto,
-            hot_route: HotArg::Auto,
-            dma_window: None,
-        },
+        files: vec![model.clone()],
+        engine: a.engine.clone(),
         raw: false,
         per_tensor: false,
         verify: true,
         json: false,
     };
-    load::run(&args)?;
+    load::run_on(&engine, &args)?;
     println!("== saving it as a checkpoint, then restoring that and comparing with the model");
     let ck = dir.join("demo-checkpoint");
-    if ck.exists() {
-        zerohop_checkpoint::remove(&ck)?;
+    checkpoint::save(
+        &engine,
+        std::slice::from_ref(&model),
+        &ck,
+        None,
+        None,
+        false,
+    )?;
+    checkpoint::restore(&engine, &ck, &[model], false)
+}
+
+/// The demo's own directory, made anew (never one that existed) so that
+/// removing it removes only what the demo wrote; removed when dropped
+/// unless kept.
+struct WorkDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl WorkDir {
+    fn create(parent: &Path, keep: bool) -> Result<Self> {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, "cannot create", e))?;
+        let path = parent.join(format!("zerohop-demo-{}", std::process::id()));
+        std::fs::create_dir(&path).map_err(|e| Error::io(&path, "cannot create", e))?;
+        Ok(WorkDir { path, keep })
     }
-    checkpoint::run(CheckpointCommand::Save {
-        from: vec![path.clone()],
-        dir: ck.clone(),
-        parent: None,
-        shards: None,
-        engine: args.engine.clone(),
-        json: false,
-    })?;
-    checkpoint::run(CheckpointCommand::Restore {
-        dir: ck,
-        against: vec![path],
-        engine: args.engine,
-        json: false,
-    })
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            eprintln!(
+                "warning: cannot remove the demo's files in {}: {e}",
+                self.path.display()
+            );
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! `zerohop gen`: a synthetic transformer-shaped safetensors model.
 
-use crate::common::gib;
+use crate::common::human_size;
 use crate::progress::bytes_bar;
 use std::path::Path;
 use zerohop::{safetensors, Result};
@@ -13,7 +13,7 @@ pub fn run(out: &Path, size: u64, seed: u64) -> Result<()> {
     let tensors = safetensors::transformer_shapes(size).len();
     println!(
         "wrote {} ({tensors} bf16 tensors) to {}",
-        gib(written),
+        human_size(written),
         out.display()
     );
     Ok(())

@@ -1,13 +1,14 @@
 //! `zerohop load`: files into device memory, optionally compared afterwards.
 
-use crate::common::{gib, EngineArgs};
+use crate::common::{human_size, EngineArgs};
 use crate::progress::bytes_bar;
+use crate::report;
 use crate::verify::{verify, Placed};
 use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
 use zerohop::safetensors::{self, Allocation};
-use zerohop::{Engine, Error, Result, TransferStats};
+use zerohop::{DeviceKind, Engine, Error, Result, TransferStats};
 
 #[derive(Args, Debug)]
 pub struct LoadArgs {
@@ -96,10 +97,14 @@ fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize
 }
 
 pub fn run(args: &LoadArgs) -> Result<()> {
-    let engine = args.engine.engine()?;
-    let (stats, tensors, placed) = load(&engine, args)?;
+    run_on(&args.engine.engine()?, args)
+}
+
+/// `run` with an engine already made (the demo's; `args.engine` unused).
+pub fn run_on(engine: &Engine, args: &LoadArgs) -> Result<()> {
+    let (stats, tensors, placed) = load(engine, args)?;
     let verified = if args.verify {
-        Some(verify(&engine, &placed, args.json)?)
+        Some(verify(engine, &placed, args.json)?)
     } else {
         None
     };
@@ -114,7 +119,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             serde_json::to_string(&report).expect("stats serialize")
         );
     } else {
-        print_stats(&stats, tensors);
+        print_stats(&stats, tensors, engine.device().kind());
         if let Some(ok) = verified {
             println!(
                 "verify:  {}",
@@ -135,17 +140,26 @@ pub fn run(args: &LoadArgs) -> Result<()> {
     }
 }
 
-pub fn print_stats(s: &TransferStats, tensors: Option<usize>) {
+fn print_stats(s: &TransferStats, tensors: Option<usize>, kind: DeviceKind) {
     let what = match tensors {
         Some(n) => format!("{n} tensors from {} file(s)", s.files),
         None => format!("{} file(s)", s.files),
     };
-    println!("loaded   {} ({what}) into {}", gib(s.bytes), s.device);
-    println!("time     {:.3} s, {:.2} GB/s", s.seconds, s.gbps);
-    println!("path     {}", s.path);
     println!(
-        "host     {} staging, {} I/O threads, {} windows; CPU {:.2} s ({:.3} s/GB)",
-        gib(s.staging_bytes),
+        "loaded   {} ({what}) into {}",
+        human_size(s.bytes),
+        s.device
+    );
+    println!("time     {:.3} s, {:.2} GB/s", s.seconds, s.gbps);
+    println!("path     {}", report::path(s, kind));
+    println!(
+        "host     {} staging{}, {} I/O threads, {} windows; CPU {:.2} s ({:.3} s/GB)",
+        human_size(s.staging_bytes),
+        if report::is_gpu(kind) {
+            " (pinned)"
+        } else {
+            " (not pinned)"
+        },
         s.io_threads,
         s.windows,
         s.cpu_seconds,

@@ -10,6 +10,7 @@ mod gen;
 mod info;
 mod load;
 mod progress;
+mod report;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -31,8 +32,10 @@ struct Cli {
 enum Command {
     /// What this machine supports: driver, GPUs, GDS, io_uring, O_DIRECT, staging.
     Info {
-        /// A file or directory whose file system to check for O_DIRECT.
+        /// A file or directory whose file system to check for O_DIRECT
+        /// (default: none checked).
         path: Option<PathBuf>,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -41,8 +44,10 @@ enum Command {
         /// Approximate size, e.g. 8GiB, 512MiB, 1G.
         #[arg(long, value_parser = common::parse_size)]
         size: u64,
+        /// Seed of the random values: the same seed and size give the same file.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// The safetensors file to write.
         out: PathBuf,
     },
     /// Load raw files or safetensors shards into device memory.
@@ -55,14 +60,11 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Run the I/O agent that serves other processes (`agent status`: ask one).
     Agent(agent::AgentArgs),
-    /// Generate a demo model and load it (into the GPU, or host memory without one).
-    Demo {
-        #[arg(long, value_parser = common::parse_size, default_value = "1GiB")]
-        size: u64,
-        /// Where to write the demo model (default: the system temp directory).
-        #[arg(long)]
-        dir: Option<PathBuf>,
-    },
+    /// Generate a demo model, load it, checkpoint it and restore it.
+    ///
+    /// Into the GPU, or host memory without one. Its files are removed at
+    /// the end unless --keep.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
@@ -78,7 +80,7 @@ fn main() -> ExitCode {
         Command::Load(args) => load::run(&args),
         Command::Checkpoint(cmd) => checkpoint::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
-        Command::Demo { size, dir } => demo::run(size, dir),
+        Command::Demo(args) => demo::run(&args),
         Command::Agent(args) => agent::run(args),
     };
     match result {
@@ -87,5 +89,50 @@ fn main() -> ExitCode {
             eprintln!("zerohop: error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand, hidden ones too, says what it is
+    /// in `--help`; one that takes a value and may be left out either has
+    /// a default clap shows or says its default in its text.
+    #[test]
+    fn every_argument_has_help_and_shows_its_default() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                if help.trim().is_empty() {
+                    missing.push(format!("{path} {id}: no help text"));
+                }
+                let optional_value = arg.get_action().takes_values()
+                    && !arg.is_required_set()
+                    && arg.get_default_values().is_empty();
+                if optional_value && !help.contains("default") {
+                    missing.push(format!("{path} {id}: no default shown"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "zerohop", &mut missing);
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+        // The walk reaches the nested subcommands.
+        let ls = cmd
+            .find_subcommand("checkpoint")
+            .unwrap()
+            .find_subcommand("ls");
+        assert!(ls.unwrap().get_arguments().any(|a| a.get_id() == "json"));
     }
 }

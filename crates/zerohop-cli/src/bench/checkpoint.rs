@@ -3,7 +3,8 @@
 //! directory measured in the same run.
 
 use super::raw_io::{raw_read_files, raw_write_files, Source};
-use crate::common::{gib, EngineArgs};
+use crate::common::{human_size, EngineArgs};
+use crate::report;
 use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -28,6 +29,7 @@ pub struct BenchCheckpointArgs {
     /// Keep the checkpoint afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }
@@ -78,11 +80,12 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     std::fs::create_dir_all(&a.dir).map_err(|e| Error::io(&a.dir, "cannot create", e))?;
     let engine = a.engine.engine()?;
     let threads = engine.config().io_threads;
+    let kind = engine.device().kind();
     say(format!("device   {}", engine.device().describe()));
     say(format!(
         "target   {} ({} to save)",
         a.dir.display(),
-        gib(a.size)
+        human_size(a.size)
     ));
 
     // The storage limits, measured first with the same bytes. Data to save
@@ -138,7 +141,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     say(format!(
         "filled   {} regions of {} in {:.1} s (not timed)",
         regions.len(),
-        gib(a.region.min(a.size)),
+        human_size(a.region.min(a.size)),
         fill.elapsed().as_secs_f64()
     ));
 
@@ -151,10 +154,13 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         "save     {save_gbps:.2} GB/s: durable after {:.2} s ({} data files, checksums and commit included) via {}",
         saved.seconds,
         saved.manifest.files.len(),
-        saved.stats.path
+        report::path(&saved.stats, kind)
     ));
     say(format!("profile  {}", saved.stats.profile.describe()));
-    say(format!("checksum {}", saved.checksums));
+    say(format!(
+        "checksum {}",
+        report::checksums(&saved.checksums, kind)
+    ));
 
     let mut cache = Vec::new();
     for f in &saved.manifest.files {
@@ -179,7 +185,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     let restore_gbps = restored.stats.gbps;
     say(format!(
         "restore  {restore_gbps:.2} GB/s into fresh device memory, every chunk verified, via {} ({restore_cache})",
-        restored.stats.path
+        report::path(&restored.stats, kind)
     ));
     let contents_match = compare(&engine, &restored, &regions, &block)?;
     say(format!(
@@ -209,7 +215,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         save_ratio_to_raw_write_from_ram: save_gbps / best_write_from_ram,
         restore_ratio_to_raw_read: restore_gbps / best_read,
         staging_bytes: saved.stats.staging_bytes,
-        checksums: saved.checksums.to_string(),
+        checksums: report::checksums(&saved.checksums, kind),
         save: saved.stats,
         restore: restored.stats,
     };
@@ -227,8 +233,8 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         );
         println!(
             "host     staging held: {} (bound: {})",
-            gib(report.staging_bytes),
-            gib(engine.config().staging.total_bytes as u64)
+            human_size(report.staging_bytes),
+            human_size(engine.config().staging.total_bytes as u64)
         );
     }
     if !contents_match {

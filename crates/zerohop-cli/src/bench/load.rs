@@ -3,7 +3,8 @@
 //! and the raw read rate of the same file into host memory.
 
 use super::raw_io::{raw_read, warm};
-use crate::common::{gib, EngineArgs, HotArg};
+use crate::common::{human_size, EngineArgs, HotArg};
+use crate::report;
 use clap::Args;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -15,10 +16,12 @@ use zerohop::{Device, Engine, Error, Result, TransferStats};
 
 #[derive(Args, Debug)]
 pub struct BenchLoadArgs {
+    /// The file to load: a .safetensors model, or any file as raw bytes.
     pub file: PathBuf,
     /// Drop the file from the page cache before every timed read.
     #[arg(long)]
     pub cold: bool,
+    /// Timed loads per route.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
     /// Also time each hot route on its own (staged CPU copies vs page-cache DMA).
@@ -26,6 +29,7 @@ pub struct BenchLoadArgs {
     pub compare_routes: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
+    /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }
@@ -81,7 +85,7 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
     say(format!(
         "file     {} ({}), {mode}",
         a.file.display(),
-        gib(size)
+        human_size(size)
     ));
     say(format!("device   {}", device.describe()));
 
@@ -177,7 +181,9 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
             staging_bytes = staging_bytes.max(stats.staging_bytes);
             say(format!(
                 "run      {label:<15} #{i}: {:.2} GB/s ({:.3} s) via {}",
-                stats.gbps, stats.seconds, stats.path
+                stats.gbps,
+                stats.seconds,
+                report::path(&stats, device.kind())
             ));
             say(format!("profile  {}", stats.profile.describe()));
             for n in &stats.notes {
@@ -215,8 +221,8 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
         println!("result   best {best:.2} GB/s = {:.1}% of pinned H2D, {:.1}% of the best raw read ({best_raw:.2} GB/s)", 100.0 * report.ratio_to_h2d, 100.0 * report.ratio_to_best_raw_read);
         println!(
             "host     staging held: {} (bound: {})",
-            gib(staging_bytes),
-            gib(a.engine.config().staging.total_bytes as u64)
+            human_size(staging_bytes),
+            human_size(a.engine.config().staging.total_bytes as u64)
         );
         if let Some(how) = cache_drop {
             println!("cold     page cache emptied with {how:?} before each timed read");
