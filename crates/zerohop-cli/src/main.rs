@@ -70,6 +70,7 @@ enum Command {
 fn main() -> ExitCode {
     // Die quietly on a closed pipe (`zerohop ... | head`), like other Unix
     // tools, instead of panicking inside println!.
+    // (libc: rustix has no safe call that sets a signal's disposition.)
     // SAFETY: restoring the default disposition of one signal at start-up,
     // before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };

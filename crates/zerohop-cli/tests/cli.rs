@@ -162,8 +162,7 @@ fn unreadable_file_is_a_permission_error() {
     std::fs::write(&secret, b"x").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o000)).unwrap();
     let args = ["load", secret.to_str().unwrap(), "--device", "host"];
-    // SAFETY: geteuid has no preconditions.
-    let out = if unsafe { libc::geteuid() } == 0 {
+    let out = if rustix::process::geteuid().is_root() {
         let bin = env!("CARGO_BIN_EXE_zerohop");
         let privs = ["--reuid=65534", "--regid=65534", "--clear-groups", bin];
         match Command::new("setpriv").args(privs).args(args).output() {

@@ -112,8 +112,10 @@ impl AgentProcess {
     }
 
     fn stop(mut self) -> Result<()> {
-        // SAFETY: signals our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        // Our own child, not yet waited for: its pid cannot have been reused.
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+            .map_err(|e| Error::io(&self.socket, "cannot stop the agent of", e.into()))?;
         let status = self
             .child
             .wait()

@@ -2,8 +2,9 @@
 //! and writes of files between storage and host memory, with no device and
 //! no engine involved.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use rustix::fs::{Mode, OFlags};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -154,21 +155,13 @@ pub(super) fn raw_write_files(
     let paths: Vec<PathBuf> = (0..threads)
         .map(|t| dir.join(format!(".zerohop-raw-{}-{t}", std::process::id())))
         .collect();
-    let direct = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&paths[0])
-        .is_ok();
-    let open = |p: &Path| {
-        let mut o = OpenOptions::new();
-        o.write(true).create(true).truncate(true);
-        if direct {
-            o.custom_flags(libc::O_DIRECT);
-        }
-        o.open(p).map_err(|e| Error::io(p, "cannot create", e))
+    let direct = create(&paths[0], OFlags::DIRECT).is_ok();
+    let extra = if direct {
+        OFlags::DIRECT
+    } else {
+        OFlags::empty()
     };
+    let open = |p: &Path| create(p, extra).map_err(|e| Error::io(p, "cannot create", e));
     // Writers fill their sources before the clock starts (first touches of
     // fresh memory are slow on some VMs).
     let ready = std::sync::Barrier::new(threads + 1);
@@ -227,4 +220,10 @@ pub(super) fn raw_read_files(paths: &[PathBuf], threads: usize) -> Result<(Strin
     let paths: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
     let (name, gbps) = raw_read(&paths, BackendKind::Auto, mode, threads)?;
     Ok((format!("{name} {mode:?}"), gbps))
+}
+
+/// Creates (or truncates) `path` for writing, with `extra` open flags.
+fn create(path: &Path, extra: OFlags) -> std::io::Result<File> {
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC | extra;
+    Ok(rustix::fs::open(path, flags, Mode::from_raw_mode(0o666))?.into())
 }
