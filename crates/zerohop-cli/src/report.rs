@@ -23,7 +23,7 @@ pub fn path(s: &TransferStats, kind: DeviceKind) -> String {
         (false, true) => "buffered",
         (false, false) => "no",
     };
-    match s.direction {
+    let route = match s.direction {
         Direction::Save => format!(
             "CPU copies into host staging slots (not pinned) -> {} {io} writes + fsync",
             s.backend
@@ -42,9 +42,10 @@ pub fn path(s: &TransferStats, kind: DeviceKind) -> String {
             if parts.is_empty() {
                 parts.push("nothing to move".to_string());
             }
-            format!("{} (host memory, no GPU)", parts.join(" + "))
+            parts.join(" + ")
         }
-    }
+    };
+    format!("{route} (host memory, no GPU)")
 }
 
 /// Where the checkpoint's chunks were checksummed.

@@ -241,7 +241,8 @@ fn demo_leaves_nothing_behind() {
     assert!(stdout.contains("contents match the files"), "{stdout}");
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "{stdout}");
     assert!(stdout.contains("== removed"), "{stdout}");
-    assert!(stderr.matches("no GPU").count() <= 1, "{stderr}");
+    let notes = stderr.lines().filter(|l| l.starts_with("note:")).count();
+    assert!(notes <= 1, "{stderr}");
     if stdout.contains("into host memory") {
         // On host memory nothing is pinned and the CPU computes checksums.
         assert!(!stdout.contains("pinned slots"), "{stdout}");
