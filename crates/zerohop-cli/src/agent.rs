@@ -1,7 +1,7 @@
 //! `zerohop agent`: run the I/O agent in the foreground, or ask one for its
 //! status.
 
-use crate::common::human_size;
+use crate::size::human_size;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use zerohop::{Error, ErrorKind, Result};

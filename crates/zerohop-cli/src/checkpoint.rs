@@ -1,8 +1,9 @@
 //! `zerohop checkpoint save|restore|verify|ls|rm`.
 
-use crate::common::{human_size, EngineArgs};
+use crate::common::EngineArgs;
 use crate::progress::bytes_bar;
 use crate::report;
+use crate::size::human_size;
 use crate::verify::{verify as compare, Placed};
 use clap::Subcommand;
 use serde::Serialize;

@@ -3,8 +3,9 @@
 //! error too) unless `--keep` is given.
 
 use crate::checkpoint;
-use crate::common::{human_size, ByteSize, EngineArgs};
+use crate::common::EngineArgs;
 use crate::load::{self, LoadArgs};
+use crate::size::{human_size, ByteSize};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use zerohop::{Error, Result};

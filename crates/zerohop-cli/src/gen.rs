@@ -1,7 +1,7 @@
 //! `zerohop gen`: a synthetic transformer-shaped safetensors model.
 
-use crate::common::human_size;
 use crate::progress::bytes_bar;
+use crate::size::human_size;
 use std::path::Path;
 use zerohop::{safetensors, Result};
 

@@ -1,6 +1,6 @@
 //! `zerohop info`: what this machine supports and why.
 
-use crate::common::human_size;
+use crate::size::human_size;
 use std::path::Path;
 use zerohop::machine::MachineInfo;
 use zerohop::{Error, Result};

@@ -1,8 +1,9 @@
 //! `zerohop load`: files into device memory, optionally compared afterwards.
 
-use crate::common::{human_size, EngineArgs};
+use crate::common::EngineArgs;
 use crate::progress::bytes_bar;
 use crate::report;
+use crate::size::human_size;
 use crate::verify::{verify, Placed};
 use clap::Args;
 use serde::Serialize;

@@ -11,6 +11,7 @@ mod info;
 mod load;
 mod progress;
 mod report;
+mod size;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -42,7 +43,7 @@ enum Command {
     /// Write a synthetic transformer-shaped safetensors model (bf16, random).
     Gen {
         /// Approximate size, e.g. 8GiB, 512MiB, 1G.
-        #[arg(long, value_parser = common::parse_size)]
+        #[arg(long, value_parser = size::parse_size)]
         size: u64,
         /// Seed of the random values: the same seed and size give the same file.
         #[arg(long, default_value_t = 1)]

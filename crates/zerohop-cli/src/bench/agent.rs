@@ -3,7 +3,8 @@
 //! run. `bench agent-stress`: many client processes doing mixed reads and
 //! writes through one agent, every I/O checked.
 
-use crate::common::{human_size, open_device_or_host, parse_size};
+use crate::common::open_device_or_host;
+use crate::size::{human_size, parse_size};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::fs::File;

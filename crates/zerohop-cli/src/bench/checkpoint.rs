@@ -3,8 +3,9 @@
 //! directory measured in the same run.
 
 use super::raw_io::{raw_read_files, raw_write_files, Source};
-use crate::common::{human_size, EngineArgs};
+use crate::common::EngineArgs;
 use crate::report;
+use crate::size::human_size;
 use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -16,13 +17,13 @@ use zerohop_checkpoint::{self as ckpt, Region, SaveOptions};
 #[derive(Args, Debug)]
 pub struct BenchCheckpointArgs {
     /// Device memory to checkpoint, e.g. 16GiB.
-    #[arg(long, value_parser = crate::common::parse_size)]
+    #[arg(long, value_parser = crate::size::parse_size)]
     pub size: u64,
     /// Directory to save into (its file system is what is measured).
     #[arg(long)]
     pub dir: PathBuf,
     /// Size of each region (tensor) of the checkpoint.
-    #[arg(long, value_parser = crate::common::parse_size, default_value = "256MiB")]
+    #[arg(long, value_parser = crate::size::parse_size, default_value = "256MiB")]
     pub region: u64,
     #[command(flatten)]
     pub engine: EngineArgs,

@@ -3,8 +3,9 @@
 //! and the raw read rate of the same file into host memory.
 
 use super::raw_io::{raw_read, warm};
-use crate::common::{human_size, EngineArgs, HotArg};
+use crate::common::{EngineArgs, HotArg};
 use crate::report;
+use crate::size::human_size;
 use clap::Args;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
