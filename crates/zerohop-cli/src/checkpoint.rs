@@ -4,7 +4,7 @@ use crate::common::EngineArgs;
 use crate::progress::bytes_bar;
 use crate::report;
 use crate::size::human_size;
-use crate::verify::{verify as compare, Placed};
+use crate::verify::{compare_with_files, Placed};
 use clap::Subcommand;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -251,7 +251,7 @@ pub fn restore(engine: &Engine, dir: &Path, against: &[PathBuf], json: bool) -> 
                 }
             }
         }
-        matches = Some(compare(engine, &placed, json)?);
+        matches = Some(compare_with_files(engine, &placed, json)?);
     }
     let s = &r.stats;
     if json {

@@ -4,7 +4,7 @@ use crate::common::EngineArgs;
 use crate::progress::bytes_bar;
 use crate::report;
 use crate::size::human_size;
-use crate::verify::{verify, Placed};
+use crate::verify::{compare_with_files, Placed};
 use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -105,7 +105,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
 pub fn run_on(engine: &Engine, args: &LoadArgs) -> Result<()> {
     let (stats, tensors, placed) = load(engine, args)?;
     let verified = if args.verify {
-        Some(verify(engine, &placed, args.json)?)
+        Some(compare_with_files(engine, &placed, args.json)?)
     } else {
         None
     };

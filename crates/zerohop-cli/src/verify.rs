@@ -16,7 +16,7 @@ pub(crate) struct Placed {
 /// Reads every placed range back from the device and compares it with the
 /// file, 64 MiB at a time. Prints the first difference. `quiet`: no
 /// progress bar.
-pub fn verify(engine: &Engine, placed: &[Placed], quiet: bool) -> Result<bool> {
+pub fn compare_with_files(engine: &Engine, placed: &[Placed], quiet: bool) -> Result<bool> {
     const CHUNK: usize = 64 << 20;
     let total = placed.iter().map(|p| p.buffer.len() as u64).sum();
     let bar = bytes_bar("verifying", total, quiet);
