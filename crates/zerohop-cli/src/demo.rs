@@ -39,16 +39,7 @@ pub fn run(a: &DemoArgs) -> Result<()> {
         }
     );
     let result = steps(a, &work.path);
-    let path = work.path.clone();
-    drop(work);
-    if a.keep {
-        println!(
-            "== kept the demo model and its checkpoint in {}",
-            path.display()
-        );
-    } else {
-        println!("== removed {}", path.display());
-    }
+    work.close();
     result
 }
 
@@ -85,11 +76,13 @@ fn steps(a: &DemoArgs, dir: &Path) -> Result<()> {
 }
 
 /// The demo's own directory, made anew (never one that existed) so that
-/// removing it removes only what the demo wrote; removed when dropped
-/// unless kept.
+/// removing it removes only what the demo wrote. `close` removes it
+/// (unless kept) and says what became of it; dropping it unclosed (an
+/// unwinding panic) removes it quietly.
 struct WorkDir {
     path: PathBuf,
     keep: bool,
+    closed: bool,
 }
 
 impl WorkDir {
@@ -97,20 +90,31 @@ impl WorkDir {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, "cannot create", e))?;
         let path = parent.join(format!("zerohop-demo-{}", std::process::id()));
         std::fs::create_dir(&path).map_err(|e| Error::io(&path, "cannot create", e))?;
-        Ok(WorkDir { path, keep })
+        Ok(WorkDir {
+            path,
+            keep,
+            closed: false,
+        })
+    }
+
+    fn close(mut self) {
+        self.closed = true;
+        let path = self.path.display();
+        if self.keep {
+            println!("== kept the demo model and its checkpoint in {path}");
+            return;
+        }
+        match std::fs::remove_dir_all(&self.path) {
+            Ok(()) => println!("== removed {path}"),
+            Err(e) => eprintln!("warning: cannot remove the demo's files in {path}: {e}"),
+        }
     }
 }
 
 impl Drop for WorkDir {
     fn drop(&mut self) {
-        if self.keep {
-            return;
-        }
-        if let Err(e) = std::fs::remove_dir_all(&self.path) {
-            eprintln!(
-                "warning: cannot remove the demo's files in {}: {e}",
-                self.path.display()
-            );
+        if !self.closed && !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
         }
     }
 }
