@@ -1,6 +1,7 @@
 //! `zerohop agent`: run the I/O agent in the foreground, or ask one for its
 //! status.
 
+use crate::size::human_size;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use zerohop::{Error, ErrorKind, Result};
@@ -19,8 +20,10 @@ pub struct AgentArgs {
 enum AgentCommand {
     /// Clients, registered buffers and rings, bytes and I/Os served, errors.
     Status {
+        /// The agent's socket (default: as for `zerohop agent`).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -41,6 +44,7 @@ struct ServeArgs {
     /// error, warn, info, debug or trace.
     #[arg(long, default_value = "info")]
     log_level: String,
+    /// Clients connected at once; more are refused.
     #[arg(long, default_value_t = 1024)]
     max_clients: usize,
 }
@@ -79,14 +83,18 @@ fn status(socket: Option<PathBuf>, json: bool) -> Result<()> {
     }
     println!("agent    pid {} serving {}", st.pid, st.device);
     println!(
-        "served   {} I/Os, {} bytes read, {} bytes written, {} errors; {} sessions since start",
-        st.ios, st.bytes_read, st.bytes_written, st.errors, st.sessions_total
+        "served   {} I/Os, {} read, {} written, {} errors; {} sessions since start",
+        st.ios,
+        human_size(st.bytes_read),
+        human_size(st.bytes_written),
+        st.errors,
+        st.sessions_total
     );
     println!("clients  {}", st.clients.len());
     for c in &st.clients {
         println!(
-            "  session {:<5} pid {:<8} files {:<4} host buffers {:<4} device buffers {:<4} rings {:<3} {} I/Os, {} bytes, {} errors",
-            c.session, c.pid, c.files, c.host_buffers, c.device_buffers, c.rings, c.ios, c.bytes, c.errors
+            "  session {:<5} pid {:<8} files {:<4} host buffers {:<4} device buffers {:<4} rings {:<3} {} I/Os, {}, {} errors",
+            c.session, c.pid, c.files, c.host_buffers, c.device_buffers, c.rings, c.ios, human_size(c.bytes), c.errors
         );
     }
     Ok(())

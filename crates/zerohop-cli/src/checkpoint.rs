@@ -1,14 +1,16 @@
 //! `zerohop checkpoint save|restore|verify|ls|rm`.
 
-use crate::common::{gib, EngineArgs};
-use crate::load::{verify as compare, Placed};
+use crate::common::EngineArgs;
+use crate::progress::bytes_bar;
+use crate::report;
+use crate::size::human_size;
+use crate::verify::{compare_with_files, Placed};
 use clap::Subcommand;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use zerohop::progress_line::ProgressLine;
 use zerohop::safetensors::{self, Allocation};
 use zerohop::storage::SourceFile;
-use zerohop::{Error, ErrorKind, Result, TransferStats};
+use zerohop::{Engine, Error, ErrorKind, Result, TransferStats};
 use zerohop_checkpoint::{self as ckpt, Manifest, Region, SaveOptions};
 
 #[derive(Subcommand, Debug)]
@@ -19,9 +21,10 @@ pub enum CheckpointCommand {
         /// A safetensors file whose tensors to checkpoint; repeat for several.
         #[arg(long = "from", required = true)]
         from: Vec<PathBuf>,
+        /// The new checkpoint's directory (must not exist yet).
         dir: PathBuf,
         /// Save incrementally against this sibling checkpoint: unchanged
-        /// chunks are referenced, not rewritten.
+        /// chunks are referenced, not rewritten (default: none, a full save).
         #[arg(long)]
         parent: Option<PathBuf>,
         /// Data files to spread the tensors over (default: one per I/O thread).
@@ -29,37 +32,48 @@ pub enum CheckpointCommand {
         shards: Option<usize>,
         #[command(flatten)]
         engine: EngineArgs,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Restore a checkpoint into fresh device memory, checking every chunk.
     Restore {
+        /// The checkpoint's directory.
         dir: PathBuf,
         /// Also compare the restored tensors with this safetensors file (by
-        /// tensor name); repeat for several.
+        /// tensor name); repeat for several (default: none).
         #[arg(long)]
         against: Vec<PathBuf>,
         #[command(flatten)]
         engine: EngineArgs,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Check every chunk's checksum and every data file (no GPU needed).
     Verify {
+        /// The checkpoint's directory.
         dir: PathBuf,
+        /// Reader threads.
         #[arg(long, default_value_t = 8)]
         threads: usize,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
     /// List a checkpoint's entries and sizes.
     Ls {
+        /// The checkpoint's directory.
         dir: PathBuf,
+        /// Print the manifest as JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Delete a checkpoint, refused while another one still needs its chunks.
-    Rm { dir: PathBuf },
+    Rm {
+        /// The checkpoint's directory.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Serialize)]
@@ -83,19 +97,19 @@ pub fn run(cmd: CheckpointCommand) -> Result<()> {
             shards,
             engine,
             json,
-        } => save(&from, &dir, parent, shards, &engine, json),
+        } => save(&engine.engine()?, &from, &dir, parent, shards, json),
         CheckpointCommand::Restore {
             dir,
             against,
             engine,
             json,
-        } => restore(&dir, &against, &engine, json),
+        } => restore(&engine.engine()?, &dir, &against, json),
         CheckpointCommand::Verify { dir, threads, json } => {
             let total = Manifest::read(&dir)?.bytes();
-            let bar = ProgressLine::new("verifying", total);
-            let progress = |n| bar.advance(n);
+            let bar = bytes_bar("verifying", total, json);
+            let progress = |n| bar.inc(n);
             let v = ckpt::verify(&dir, threads, Some(&progress))?;
-            bar.finish();
+            bar.finish_and_clear();
             if json {
                 println!(
                     "{}",
@@ -105,7 +119,7 @@ pub fn run(cmd: CheckpointCommand) -> Result<()> {
                 println!(
                     "ok: {} chunks ({}) match their checksums{}",
                     v.chunks,
-                    gib(v.bytes),
+                    human_size(v.bytes),
                     if v.referenced_chunks > 0 {
                         format!(
                             ", {} of them stored in parent checkpoints",
@@ -127,31 +141,33 @@ pub fn run(cmd: CheckpointCommand) -> Result<()> {
     }
 }
 
-fn save(
+/// Loads the tensors of the safetensors files `from` and saves them as a
+/// checkpoint at `dir`.
+pub fn save(
+    engine: &Engine,
     from: &[PathBuf],
     dir: &Path,
     parent: Option<PathBuf>,
     shards: Option<usize>,
-    args: &EngineArgs,
     json: bool,
 ) -> Result<()> {
-    let engine = args.engine()?;
-    let model = safetensors::load_safetensors(&engine, from, Allocation::PerTensor, None)?;
+    let kind = engine.device().kind();
+    let model = safetensors::load_safetensors(engine, from, Allocation::PerTensor, None)?;
     let regions: Vec<Region> = model
         .tensors
         .iter()
         .map(|t| Region::tensor(t.name.clone(), t.dtype, t.shape.clone(), t.buffer.clone()))
         .collect();
     let bytes: u64 = regions.iter().map(|r| r.data.len() as u64).sum();
-    let bar = ProgressLine::new("saving", bytes);
-    let progress = |n| bar.advance(n);
+    let bar = bytes_bar("saving", bytes, json);
+    let progress = |n| bar.inc(n);
     let opts = SaveOptions {
         parent,
         shards,
         ..SaveOptions::default()
     };
-    let saved = ckpt::save(&engine, &regions, dir, &opts, Some(&progress))?;
-    bar.finish();
+    let saved = ckpt::save(engine, &regions, dir, &opts, Some(&progress))?;
+    bar.finish_and_clear();
     let gbps = bytes as f64 / saved.seconds / 1e9;
     if json {
         let report = SaveReport {
@@ -161,7 +177,7 @@ fn save(
             written_bytes: saved.written_bytes,
             seconds_to_durable: saved.seconds,
             gbps,
-            checksums: saved.checksums.to_string(),
+            checksums: report::checksums(&saved.checksums, kind),
             transfer: &saved.stats,
         };
         println!(
@@ -172,7 +188,7 @@ fn save(
         println!(
             "saved    {} entries ({}) to {} in {} data files",
             regions.len(),
-            gib(bytes),
+            human_size(bytes),
             dir.display(),
             saved.manifest.files.len()
         );
@@ -183,26 +199,30 @@ fn save(
         let skipped = saved.stats.skipped_bytes;
         println!(
             "wrote    {}{}",
-            gib(saved.written_bytes),
+            human_size(saved.written_bytes),
             if skipped > 0 {
-                format!(" ({} unchanged, referenced from the parent)", gib(skipped))
+                format!(
+                    " ({} unchanged, referenced from the parent)",
+                    human_size(skipped)
+                )
             } else {
                 String::new()
             }
         );
-        println!("checksum {}", saved.checksums);
-        println!("path     {}", saved.stats.path);
+        println!("checksum {}", report::checksums(&saved.checksums, kind));
+        println!("path     {}", report::path(&saved.stats, kind));
     }
     Ok(())
 }
 
-fn restore(dir: &Path, against: &[PathBuf], args: &EngineArgs, json: bool) -> Result<()> {
-    let engine = args.engine()?;
+/// Restores the checkpoint at `dir`, and compares it with the safetensors
+/// files `against` if any.
+pub fn restore(engine: &Engine, dir: &Path, against: &[PathBuf], json: bool) -> Result<()> {
     let manifest = Manifest::read(dir)?;
-    let bar = ProgressLine::new("restoring", manifest.bytes());
-    let progress = |n| bar.advance(n);
-    let r = ckpt::restore(&engine, dir, Some(&progress))?;
-    bar.finish();
+    let bar = bytes_bar("restoring", manifest.bytes(), json);
+    let progress = |n| bar.inc(n);
+    let r = ckpt::restore(engine, dir, Some(&progress))?;
+    bar.finish_and_clear();
     let mut matches = None;
     if !against.is_empty() {
         let mut placed = Vec::new();
@@ -231,7 +251,7 @@ fn restore(dir: &Path, against: &[PathBuf], args: &EngineArgs, json: bool) -> Re
                 }
             }
         }
-        matches = Some(compare(&engine, &placed)?);
+        matches = Some(compare_with_files(engine, &placed, json)?);
     }
     let s = &r.stats;
     if json {
@@ -243,11 +263,11 @@ fn restore(dir: &Path, against: &[PathBuf], args: &EngineArgs, json: bool) -> Re
         println!(
             "restored {} entries ({}) into {}, every chunk verified",
             r.buffers.len(),
-            gib(s.bytes),
+            human_size(s.bytes),
             s.device
         );
         println!("time     {:.3} s, {:.2} GB/s", s.seconds, s.gbps);
-        println!("path     {}", s.path);
+        println!("path     {}", report::path(s, engine.device().kind()));
         if let Some(m) = matches {
             println!(
                 "compare: {}",
@@ -281,20 +301,21 @@ fn ls(dir: &Path, json: bool) -> Result<()> {
         "{}: {} entries, {} in {} data files, {} chunks of {}{}",
         dir.display(),
         m.entries.len(),
-        gib(m.bytes()),
+        human_size(m.bytes()),
         m.files.len(),
         m.chunks.len(),
-        gib(m.chunk_bytes),
+        human_size(m.chunk_bytes),
         m.parent
             .as_ref()
             .map_or(String::new(), |p| format!(", parent {p}"))
     );
+    println!("{:>10}  {:<24} NAME", "SIZE", "TYPE");
     for e in &m.entries {
         let kind = match (&e.dtype, &e.shape) {
             (Some(d), Some(s)) => format!("{d} {s:?}"),
             _ => "raw".to_string(),
         };
-        println!("{:>14}  {:<24} {}", e.bytes, kind, e.name);
+        println!("{:>10}  {:<24} {}", human_size(e.bytes), kind, e.name);
     }
     let referenced = m.chunks.iter().filter(|c| c.stored_in.is_some()).count();
     if referenced > 0 {

@@ -1,11 +1,14 @@
 //! `zerohop info`: what this machine supports and why.
 
-use crate::common::gib;
+use crate::size::human_size;
 use std::path::Path;
 use zerohop::machine::MachineInfo;
-use zerohop::Result;
+use zerohop::{Error, Result};
 
 pub fn run(path: Option<&Path>, json: bool) -> Result<()> {
+    if let Some(p) = path {
+        std::fs::metadata(p).map_err(|e| Error::io(p, "cannot check", e))?;
+    }
     let info = MachineInfo::gather(path);
     if json {
         println!(
@@ -40,9 +43,9 @@ pub fn run(path: Option<&Path>, json: bool) -> Result<()> {
     }
     println!(
         "staging   {} pinned per device in {} slots of {}; {} I/O threads ({} CPUs)",
-        gib(info.staging.total_bytes as u64),
+        human_size(info.staging.total_bytes as u64),
         info.staging.slot_count(),
-        gib(info.staging.slot_bytes as u64),
+        human_size(info.staging.slot_bytes as u64),
         info.io_threads,
         info.cpus
     );

@@ -1,13 +1,15 @@
-//! `zerohop load`, `gen` and `demo`.
+//! `zerohop load`: files into device memory, optionally compared afterwards.
 
-use crate::common::{gib, EngineArgs};
+use crate::common::EngineArgs;
+use crate::progress::bytes_bar;
+use crate::report;
+use crate::size::human_size;
+use crate::verify::{compare_with_files, Placed};
 use clap::Args;
 use serde::Serialize;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use zerohop::progress_line::ProgressLine;
+use std::path::PathBuf;
 use zerohop::safetensors::{self, Allocation};
-use zerohop::{DeviceBuffer, Engine, Error, Result, TransferStats};
+use zerohop::{DeviceKind, Engine, Error, Result, TransferStats};
 
 #[derive(Args, Debug)]
 pub struct LoadArgs {
@@ -39,13 +41,6 @@ struct LoadReport<'a> {
     verified: Option<bool>,
 }
 
-/// Destination ranges and where their bytes come from, for `--verify`.
-pub(crate) struct Placed {
-    pub path: PathBuf,
-    pub file_offset: u64,
-    pub buffer: DeviceBuffer,
-}
-
 /// Loads files as asked; returns the stats and what went where.
 fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize>, Vec<Placed>)> {
     let total: u64 = args
@@ -57,8 +52,8 @@ fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize
                 .map_err(|e| Error::io(p, "cannot stat", e))
         })
         .sum::<Result<u64>>()?;
-    let bar = ProgressLine::new("loading", total);
-    let progress = |n| bar.advance(n);
+    let bar = bytes_bar("loading", total, args.json);
+    let progress = |n| bar.inc(n);
     let is_safetensors = !args.raw
         && args
             .files
@@ -98,15 +93,19 @@ fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize
                 (stats, None, placed)
             })
     };
-    bar.finish();
+    bar.finish_and_clear();
     result
 }
 
 pub fn run(args: &LoadArgs) -> Result<()> {
-    let engine = args.engine.engine()?;
-    let (stats, tensors, placed) = load(&engine, args)?;
+    run_on(&args.engine.engine()?, args)
+}
+
+/// `run` with an engine already made (the demo's; `args.engine` unused).
+pub fn run_on(engine: &Engine, args: &LoadArgs) -> Result<()> {
+    let (stats, tensors, placed) = load(engine, args)?;
     let verified = if args.verify {
-        Some(verify(&engine, &placed)?)
+        Some(compare_with_files(engine, &placed, args.json)?)
     } else {
         None
     };
@@ -121,7 +120,7 @@ pub fn run(args: &LoadArgs) -> Result<()> {
             serde_json::to_string(&report).expect("stats serialize")
         );
     } else {
-        print_stats(&stats, tensors);
+        print_stats(&stats, tensors, engine.device().kind());
         if let Some(ok) = verified {
             println!(
                 "verify:  {}",
@@ -142,17 +141,26 @@ pub fn run(args: &LoadArgs) -> Result<()> {
     }
 }
 
-pub fn print_stats(s: &TransferStats, tensors: Option<usize>) {
+fn print_stats(s: &TransferStats, tensors: Option<usize>, kind: DeviceKind) {
     let what = match tensors {
         Some(n) => format!("{n} tensors from {} file(s)", s.files),
         None => format!("{} file(s)", s.files),
     };
-    println!("loaded   {} ({what}) into {}", gib(s.bytes), s.device);
-    println!("time     {:.3} s, {:.2} GB/s", s.seconds, s.gbps);
-    println!("path     {}", s.path);
     println!(
-        "host     {} staging, {} I/O threads, {} windows; CPU {:.2} s ({:.3} s/GB)",
-        gib(s.staging_bytes),
+        "loaded   {} ({what}) into {}",
+        human_size(s.bytes),
+        s.device
+    );
+    println!("time     {:.3} s, {:.2} GB/s", s.seconds, s.gbps);
+    println!("path     {}", report::path(s, kind));
+    println!(
+        "host     {} staging{}, {} I/O threads, {} windows; CPU {:.2} s ({:.3} s/GB)",
+        human_size(s.staging_bytes),
+        if report::is_gpu(kind) {
+            " (pinned)"
+        } else {
+            " (not pinned)"
+        },
         s.io_threads,
         s.windows,
         s.cpu_seconds,
@@ -161,107 +169,4 @@ pub fn print_stats(s: &TransferStats, tensors: Option<usize>) {
     for n in &s.notes {
         println!("note     {n}");
     }
-}
-
-/// Reads every placed range back from the device and compares it with the
-/// file, 64 MiB at a time. Prints the first difference.
-pub(crate) fn verify(engine: &Engine, placed: &[Placed]) -> Result<bool> {
-    const CHUNK: usize = 64 << 20;
-    let total = placed.iter().map(|p| p.buffer.len() as u64).sum();
-    let bar = ProgressLine::new("verifying", total);
-    let mut dev = vec![0u8; CHUNK];
-    let mut host = vec![0u8; CHUNK];
-    let mut open: Option<(PathBuf, std::fs::File)> = None;
-    for p in placed {
-        if open.as_ref().is_none_or(|(path, _)| *path != p.path) {
-            let f =
-                std::fs::File::open(&p.path).map_err(|e| Error::io(&p.path, "cannot open", e))?;
-            open = Some((p.path.clone(), f));
-        }
-        let file = &open.as_ref().expect("opened above").1;
-        let mut off = 0;
-        while off < p.buffer.len() {
-            let n = CHUNK.min(p.buffer.len() - off);
-            engine.device().read_back(&p.buffer, off, &mut dev[..n])?;
-            let at = p.file_offset + off as u64;
-            file.read_exact_at(&mut host[..n], at)
-                .map_err(|e| Error::io(&p.path, "cannot read", e))?;
-            if let Some(i) = (0..n).find(|&i| dev[i] != host[i]) {
-                bar.finish();
-                eprintln!(
-                    "first difference: {} byte {} (device {:#04x}, file {:#04x})",
-                    p.path.display(),
-                    at + i as u64,
-                    dev[i],
-                    host[i]
-                );
-                return Ok(false);
-            }
-            off += n;
-            bar.advance(n as u64);
-        }
-    }
-    bar.finish();
-    Ok(true)
-}
-
-pub fn gen(out: &Path, size: u64, seed: u64) -> Result<()> {
-    let bar = ProgressLine::new("writing", size);
-    let progress = |n| bar.advance(n);
-    let written = safetensors::write_synthetic(out, size, seed, Some(&progress))?;
-    bar.finish();
-    let tensors = safetensors::transformer_shapes(size).len();
-    println!(
-        "wrote {} ({tensors} bf16 tensors) to {}",
-        gib(written),
-        out.display()
-    );
-    Ok(())
-}
-
-pub fn demo(size: u64, dir: Option<PathBuf>) -> Result<()> {
-    let dir = dir.unwrap_or_else(|| std::env::temp_dir().join("zerohop-demo"));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "cannot create", e))?;
-    let path = dir.join("demo.safetensors");
-    println!("== generating a {} transformer-shaped model", gib(size));
-    gen(&path, size, 1)?;
-    println!("== loading it with verification");
-    let args = LoadArgs {
-        files: vec![path.clone()],
-        engine: crate::common::EngineArgs {
-            device: "auto".into(),
-            threads: None,
-            staging: None,
-            slot: None,
-            backend: crate::common::BackendArg::Auto,
-            direct: crate::common::DirectArg::Auto,
-            hot_route: crate::common::HotArg::Auto,
-            dma_window: None,
-        },
-        raw: false,
-        per_tensor: false,
-        verify: true,
-        json: false,
-    };
-    run(&args)?;
-    println!("== saving it as a checkpoint, then restoring that and comparing with the model");
-    let ck = dir.join("demo-checkpoint");
-    if ck.exists() {
-        zerohop_checkpoint::remove(&ck)?;
-    }
-    use crate::checkpoint::{run as checkpoint, CheckpointCommand};
-    checkpoint(CheckpointCommand::Save {
-        from: vec![path.clone()],
-        dir: ck.clone(),
-        parent: None,
-        shards: None,
-        engine: args.engine.clone(),
-        json: false,
-    })?;
-    checkpoint(CheckpointCommand::Restore {
-        dir: ck,
-        against: vec![path],
-        engine: args.engine,
-        json: false,
-    })
 }

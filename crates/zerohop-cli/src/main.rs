@@ -3,12 +3,16 @@
 
 mod agent;
 mod bench;
-mod bench_agent;
-mod bench_checkpoint;
 mod checkpoint;
 mod common;
+mod demo;
+mod gen;
 mod info;
 mod load;
+mod progress;
+mod report;
+mod size;
+mod verify;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -29,18 +33,22 @@ struct Cli {
 enum Command {
     /// What this machine supports: driver, GPUs, GDS, io_uring, O_DIRECT, staging.
     Info {
-        /// A file or directory whose file system to check for O_DIRECT.
+        /// A file or directory whose file system to check for O_DIRECT
+        /// (default: none checked).
         path: Option<PathBuf>,
+        /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Write a synthetic transformer-shaped safetensors model (bf16, random).
     Gen {
         /// Approximate size, e.g. 8GiB, 512MiB, 1G.
-        #[arg(long, value_parser = common::parse_size)]
+        #[arg(long, value_parser = size::parse_size)]
         size: u64,
+        /// Seed of the random values: the same seed and size give the same file.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// The safetensors file to write.
         out: PathBuf,
     },
     /// Load raw files or safetensors shards into device memory.
@@ -53,30 +61,28 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Run the I/O agent that serves other processes (`agent status`: ask one).
     Agent(agent::AgentArgs),
-    /// Generate a demo model and load it (into the GPU, or host memory without one).
-    Demo {
-        #[arg(long, value_parser = common::parse_size, default_value = "1GiB")]
-        size: u64,
-        /// Where to write the demo model (default: the system temp directory).
-        #[arg(long)]
-        dir: Option<PathBuf>,
-    },
+    /// Generate a demo model, load it, checkpoint it and restore it.
+    ///
+    /// Into the GPU, or host memory without one. Its files are removed at
+    /// the end unless --keep.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
     // Die quietly on a closed pipe (`zerohop ... | head`), like other Unix
     // tools, instead of panicking inside println!.
+    // (libc: rustix has no safe call that sets a signal's disposition.)
     // SAFETY: restoring the default disposition of one signal at start-up,
     // before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { path, json } => info::run(path.as_deref(), json),
-        Command::Gen { size, seed, out } => load::gen(&out, size, seed),
+        Command::Gen { size, seed, out } => gen::run(&out, size, seed),
         Command::Load(args) => load::run(&args),
         Command::Checkpoint(cmd) => checkpoint::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),
-        Command::Demo { size, dir } => load::demo(size, dir),
+        Command::Demo(args) => demo::run(&args),
         Command::Agent(args) => agent::run(args),
     };
     match result {
@@ -85,5 +91,50 @@ fn main() -> ExitCode {
             eprintln!("zerohop: error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand, hidden ones too, says what it is
+    /// in `--help`; one that takes a value and may be left out either has
+    /// a default clap shows or says its default in its text.
+    #[test]
+    fn every_argument_has_help_and_shows_its_default() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                if help.trim().is_empty() {
+                    missing.push(format!("{path} {id}: no help text"));
+                }
+                let optional_value = arg.get_action().takes_values()
+                    && !arg.is_required_set()
+                    && arg.get_default_values().is_empty();
+                if optional_value && !help.contains("default") {
+                    missing.push(format!("{path} {id}: no default shown"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "zerohop", &mut missing);
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+        // The walk reaches the nested subcommands.
+        let ls = cmd
+            .find_subcommand("checkpoint")
+            .unwrap()
+            .find_subcommand("ls");
+        assert!(ls.unwrap().get_arguments().any(|a| a.get_id() == "json"));
     }
 }

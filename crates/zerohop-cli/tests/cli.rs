@@ -162,8 +162,7 @@ fn unreadable_file_is_a_permission_error() {
     std::fs::write(&secret, b"x").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o000)).unwrap();
     let args = ["load", secret.to_str().unwrap(), "--device", "host"];
-    // SAFETY: geteuid has no preconditions.
-    let out = if unsafe { libc::geteuid() } == 0 {
+    let out = if rustix::process::geteuid().is_root() {
         let bin = env!("CARGO_BIN_EXE_zerohop");
         let privs = ["--reuid=65534", "--regid=65534", "--clear-groups", bin];
         match Command::new("setpriv").args(privs).args(args).output() {
@@ -224,4 +223,128 @@ fn bench_checkpoint_round_trips_on_host() {
     }
     // The checkpoint and the raw files are gone afterwards.
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The demo works in a directory of its own and removes it at the end,
+/// having printed the no-GPU note (where there is no GPU) once.
+#[test]
+fn demo_leaves_nothing_behind() {
+    let dir = tmp("demo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = zerohop(&["demo", "--size", "4MiB", "--dir", dir.to_str().unwrap()]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("contents match the files"), "{stdout}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "{stdout}");
+    assert!(stdout.contains("== removed"), "{stdout}");
+    let notes = stderr.lines().filter(|l| l.starts_with("note:")).count();
+    assert!(notes <= 1, "{stderr}");
+    if stdout.contains("into host memory") {
+        // On host memory nothing is pinned and the CPU computes checksums.
+        assert!(!stdout.contains("pinned slots"), "{stdout}");
+        assert!(!stdout.contains("on the device"), "{stdout}");
+        assert!(stdout.contains("checksum by the CPU"), "{stdout}");
+    }
+
+    // On an error too.
+    let out = zerohop(&[
+        "demo",
+        "--size",
+        "1MiB",
+        "--device",
+        "tpu:0",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("unknown device"));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}
+
+#[test]
+fn demo_keeps_its_files_when_asked_and_says_where() {
+    let dir = tmp("demo-keep");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = zerohop(&[
+        "demo",
+        "--size",
+        "2MiB",
+        "--device",
+        "host",
+        "--keep",
+        "--dir",
+        dir.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let kept: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(kept.len(), 1);
+    assert!(kept[0].join("demo.safetensors").is_file());
+    assert!(kept[0].join("demo-checkpoint").is_dir());
+    assert!(
+        stdout.contains(&format!(
+            "kept the demo model and its checkpoint in {}",
+            kept[0].display()
+        )),
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(&kept[0]).unwrap();
+}
+
+#[test]
+fn info_on_a_missing_path_fails_naming_it() {
+    let missing = tmp("no-such-dir");
+    let out = zerohop(&["info", missing.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(missing.to_str().unwrap()) && err.contains("No such file"),
+        "{err}"
+    );
+}
+
+/// Text output on host memory says what happened there (no pinning), sizes
+/// read as sizes, and `checkpoint ls` has column headers.
+#[test]
+fn text_output_is_true_to_host_memory_and_human() {
+    let model = tmp("human.safetensors");
+    let m = model.to_str().unwrap();
+    assert!(zerohop(&["gen", "--size", "2MiB", m]).status.success());
+    let out = zerohop(&["load", m, "--device", "host"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        stdout.contains("not pinned") && !stdout.contains("pinned slots"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("128 MiB staging"), "{stdout}");
+
+    let ck = tmp("human-ckpt");
+    let out = zerohop(&[
+        "checkpoint",
+        "save",
+        "--device",
+        "host",
+        "--from",
+        m,
+        ck.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = zerohop(&["checkpoint", "ls", ck.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success());
+    let mut lines = stdout.lines().skip(1);
+    let header: Vec<_> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["SIZE", "TYPE", "NAME"], "{stdout}");
+    let first: Vec<_> = lines.next().unwrap().split_whitespace().collect();
+    assert!(first[1].ends_with("iB") || first[1] == "B", "{stdout}");
+    assert!(first[0].parse::<f64>().is_ok(), "{stdout}");
 }

@@ -12,6 +12,7 @@ mod checkpoint;
 mod engines;
 mod errors;
 mod progress;
+mod progress_line;
 mod transfers;
 
 use pyo3::prelude::*;

@@ -2,11 +2,11 @@
 //! callable given `(done_bytes, total_bytes)` at most every 100 ms and once
 //! at the end.
 
+use crate::progress_line::ProgressLine;
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use zerohop::progress_line::ProgressLine;
 use zerohop::Progress;
 
 pub enum Reporter {
@@ -39,7 +39,7 @@ impl Reporter {
             });
         }
         Ok(if p.is_truthy()? {
-            Reporter::Line(ProgressLine::always(label, total))
+            Reporter::Line(ProgressLine::new(label, total))
         } else {
             Reporter::Silent
         })

@@ -16,7 +16,6 @@ mod error;
 mod host_read;
 pub mod machine;
 pub mod plan;
-pub mod progress_line;
 pub mod safetensors;
 pub mod staging;
 pub mod stats;

@@ -2,35 +2,35 @@
 //! restore it, beside the raw O_DIRECT write and read rates of the same
 //! directory measured in the same run.
 
-use crate::bench::AlignedBuf;
-use crate::common::{gib, EngineArgs};
+use super::raw_io::{raw_read_files, raw_write_files, Source};
+use crate::common::EngineArgs;
+use crate::report;
+use crate::size::human_size;
 use clap::Args;
 use serde::Serialize;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 use zerohop::cache_drop::drop_from_page_cache;
-use zerohop::storage::{BackendKind, IoMode, SourceFile};
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
 use zerohop_checkpoint::{self as ckpt, Region, SaveOptions};
 
 #[derive(Args, Debug)]
 pub struct BenchCheckpointArgs {
     /// Device memory to checkpoint, e.g. 16GiB.
-    #[arg(long, value_parser = crate::common::parse_size)]
+    #[arg(long, value_parser = crate::size::parse_size)]
     pub size: u64,
     /// Directory to save into (its file system is what is measured).
     #[arg(long)]
     pub dir: PathBuf,
     /// Size of each region (tensor) of the checkpoint.
-    #[arg(long, value_parser = crate::common::parse_size, default_value = "256MiB")]
+    #[arg(long, value_parser = crate::size::parse_size, default_value = "256MiB")]
     pub region: u64,
     #[command(flatten)]
     pub engine: EngineArgs,
     /// Keep the checkpoint afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }
@@ -81,11 +81,12 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     std::fs::create_dir_all(&a.dir).map_err(|e| Error::io(&a.dir, "cannot create", e))?;
     let engine = a.engine.engine()?;
     let threads = engine.config().io_threads;
+    let kind = engine.device().kind();
     say(format!("device   {}", engine.device().describe()));
     say(format!(
         "target   {} ({} to save)",
         a.dir.display(),
-        gib(a.size)
+        human_size(a.size)
     ));
 
     // The storage limits, measured first with the same bytes. Data to save
@@ -141,7 +142,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     say(format!(
         "filled   {} regions of {} in {:.1} s (not timed)",
         regions.len(),
-        gib(a.region.min(a.size)),
+        human_size(a.region.min(a.size)),
         fill.elapsed().as_secs_f64()
     ));
 
@@ -154,10 +155,13 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         "save     {save_gbps:.2} GB/s: durable after {:.2} s ({} data files, checksums and commit included) via {}",
         saved.seconds,
         saved.manifest.files.len(),
-        saved.stats.path
+        report::path(&saved.stats, kind)
     ));
     say(format!("profile  {}", saved.stats.profile.describe()));
-    say(format!("checksum {}", saved.checksums));
+    say(format!(
+        "checksum {}",
+        report::checksums(&saved.checksums, kind)
+    ));
 
     let mut cache = Vec::new();
     for f in &saved.manifest.files {
@@ -182,7 +186,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     let restore_gbps = restored.stats.gbps;
     say(format!(
         "restore  {restore_gbps:.2} GB/s into fresh device memory, every chunk verified, via {} ({restore_cache})",
-        restored.stats.path
+        report::path(&restored.stats, kind)
     ));
     let contents_match = compare(&engine, &restored, &regions, &block)?;
     say(format!(
@@ -212,7 +216,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         save_ratio_to_raw_write_from_ram: save_gbps / best_write_from_ram,
         restore_ratio_to_raw_read: restore_gbps / best_read,
         staging_bytes: saved.stats.staging_bytes,
-        checksums: saved.checksums.to_string(),
+        checksums: report::checksums(&saved.checksums, kind),
         save: saved.stats,
         restore: restored.stats,
     };
@@ -230,8 +234,8 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         );
         println!(
             "host     staging held: {} (bound: {})",
-            gib(report.staging_bytes),
-            gib(engine.config().staging.total_bytes as u64)
+            human_size(report.staging_bytes),
+            human_size(engine.config().staging.total_bytes as u64)
         );
     }
     if !contents_match {
@@ -308,128 +312,4 @@ fn same(engine: &Engine, buf: &DeviceBuffer, period: &[u8], scratch: &mut [u8]) 
         }
     }
     Ok(true)
-}
-
-/// Where a raw writer's bytes come from.
-#[derive(Clone, Copy)]
-enum Source {
-    /// One 8 MiB buffer per writer, written again and again: it stays in
-    /// the CPU's caches, so the file system alone sets the rate.
-    Cached,
-    /// 256 MiB per writer (gigabytes in all, far beyond any cache), written
-    /// piece after piece, as data to save is read from RAM.
-    Ram,
-}
-
-impl Source {
-    fn bytes_per_writer(self) -> usize {
-        match self {
-            Source::Cached => RAW_PIECE,
-            Source::Ram => 256 << 20,
-        }
-    }
-}
-
-impl std::fmt::Display for Source {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Source::Cached => "from a cache-resident 8 MiB buffer",
-            Source::Ram => "from 256 MiB of RAM per writer",
-        })
-    }
-}
-
-/// Bytes per raw write call.
-const RAW_PIECE: usize = 8 << 20;
-
-struct RawFiles {
-    paths: Vec<PathBuf>,
-    how: &'static str,
-    gbps: f64,
-}
-
-/// Writes `total` bytes split over `threads` files in `dir`, one writer
-/// each, 8 MiB at a time from `source` with O_DIRECT (buffered where
-/// refused), then fsyncs them and the directory: the storage side's write
-/// limit.
-fn raw_write_files(dir: &Path, total: u64, threads: usize, source: Source) -> Result<RawFiles> {
-    let per = total
-        .div_ceil(threads as u64)
-        .next_multiple_of(RAW_PIECE as u64);
-    let paths: Vec<PathBuf> = (0..threads)
-        .map(|t| dir.join(format!(".zerohop-raw-{}-{t}", std::process::id())))
-        .collect();
-    let direct = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&paths[0])
-        .is_ok();
-    let open = |p: &Path| {
-        let mut o = OpenOptions::new();
-        o.write(true).create(true).truncate(true);
-        if direct {
-            o.custom_flags(libc::O_DIRECT);
-        }
-        o.open(p).map_err(|e| Error::io(p, "cannot create", e))
-    };
-    // Writers fill their sources before the clock starts (first touches of
-    // fresh memory are slow on some VMs).
-    let ready = std::sync::Barrier::new(threads + 1);
-    let mut started = Instant::now();
-    std::thread::scope(|s| -> Result<()> {
-        let ready = &ready;
-        let handles: Vec<_> = paths
-            .iter()
-            .map(|p| {
-                s.spawn(move || -> Result<()> {
-                    let mut buf = AlignedBuf::new(source.bytes_per_writer());
-                    buf.as_mut_slice().fill(0x5a);
-                    let opened = open(p);
-                    ready.wait();
-                    let f: File = opened?;
-                    let pieces = buf.as_mut_slice().chunks(RAW_PIECE).cycle();
-                    for (at, piece) in (0..per).step_by(RAW_PIECE).zip(pieces) {
-                        f.write_all_at(piece, at)
-                            .map_err(|e| Error::io(p, "raw write failed in", e))?;
-                    }
-                    f.sync_all().map_err(|e| Error::io(p, "cannot fsync", e))
-                })
-            })
-            .collect();
-        ready.wait();
-        started = Instant::now();
-        handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(Error::invalid("writer panicked")))
-        })
-    })?;
-    zerohop::storage::sync_dir(dir)?;
-    Ok(RawFiles {
-        gbps: (per * threads as u64) as f64 / started.elapsed().as_secs_f64() / 1e9,
-        paths,
-        how: if direct { "O_DIRECT" } else { "buffered" },
-    })
-}
-
-/// Reads the raw files back after dropping them from the page cache, with
-/// `threads` readers (io_uring, O_DIRECT where allowed) taking 8 MiB pieces
-/// of any file: the storage side's read limit, read the way restores read.
-fn raw_read_files(paths: &[PathBuf], threads: usize) -> Result<(String, f64)> {
-    for p in paths {
-        drop_from_page_cache(p).map_err(|e| Error::io(p, "cannot drop the cache of", e))?;
-    }
-    let direct = paths
-        .iter()
-        .map(|p| SourceFile::open(p).map(|f| f.direct_capable()))
-        .collect::<Result<Vec<_>>>()?;
-    let mode = if direct.iter().all(|&d| d) {
-        IoMode::Direct
-    } else {
-        IoMode::Buffered
-    };
-    let paths: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-    let (name, gbps) = crate::bench::raw_read(&paths, BackendKind::Auto, mode, threads)?;
-    Ok((format!("{name} {mode:?}"), gbps))
 }

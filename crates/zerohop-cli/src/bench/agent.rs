@@ -3,7 +3,8 @@
 //! run. `bench agent-stress`: many client processes doing mixed reads and
 //! writes through one agent, every I/O checked.
 
-use crate::common::{gib, open_device_or_host, parse_size};
+use crate::common::open_device_or_host;
+use crate::size::{human_size, parse_size};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -19,10 +20,12 @@ use zerohop_wire::ring::{OP_READ, OP_WRITE};
 
 #[derive(Args, Debug)]
 pub struct BenchAgentArgs {
+    /// The file to read.
     pub file: PathBuf,
     /// Drop the file from the page cache before every timed read.
     #[arg(long)]
     pub cold: bool,
+    /// Timed reads each way (through the agent, in-process).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
     /// cuda:N, host, or auto (the first GPU, else host).
@@ -39,6 +42,7 @@ pub struct BenchAgentArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchAgentStressArgs {
+    /// Client processes.
     #[arg(long, default_value_t = 32)]
     pub clients: usize,
     /// I/Os per client.
@@ -54,14 +58,19 @@ pub struct BenchAgentStressArgs {
 
 #[derive(Args, Debug)]
 pub struct AgentClientArgs {
+    /// The agent's socket.
     #[arg(long)]
     socket: PathBuf,
+    /// This client's file (made anew).
     #[arg(long)]
     file: PathBuf,
+    /// I/Os to submit.
     #[arg(long)]
     ios: usize,
+    /// Seed of the random I/Os and data.
     #[arg(long)]
     seed: u64,
+    /// Where the buffer lives: host, sim or cuda:N.
     #[arg(long)]
     memory: String,
 }
@@ -104,8 +113,10 @@ impl AgentProcess {
     }
 
     fn stop(mut self) -> Result<()> {
-        // SAFETY: signals our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        // Our own child, not yet waited for: its pid cannot have been reused.
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+            .map_err(|e| Error::io(&self.socket, "cannot stop the agent of", e.into()))?;
         let status = self
             .child
             .wait()
@@ -160,7 +171,7 @@ pub fn bench(a: &BenchAgentArgs) -> Result<()> {
             ""
         }
     );
-    println!("file     {} ({})", a.file.display(), gib(size));
+    println!("file     {} ({})", a.file.display(), human_size(size));
     let client = Client::connect(&agent.socket).map_err(io_err("cannot connect to the agent"))?;
     // The registered buffer starts 1 MiB + 256 bytes into its allocation,
     // as a tensor from a caching allocator would.
@@ -284,7 +295,7 @@ fn prepare_cache(file: &Path, cold: bool) -> Result<String> {
             left * 100.0
         ));
     }
-    crate::bench::warm(file)?;
+    super::raw_io::warm(file)?;
     Ok("hot".into())
 }
 

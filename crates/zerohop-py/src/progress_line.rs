@@ -1,7 +1,9 @@
-//! A one-line progress display on stderr for long transfers (the CLI's,
-//! and the Python package's `progress=True`).
+//! `progress=True`: a one-line progress display on stderr, drawn wherever
+//! stderr goes (a terminal, a notebook, a log) because the caller asked for
+//! it. Plain `\r` redraws, which notebooks render; the CLI's bars (drawn on
+//! terminals only) are `indicatif`'s.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -12,21 +14,10 @@ pub struct ProgressLine {
     done: AtomicU64,
     started: Instant,
     last_draw: Mutex<Instant>,
-    enabled: bool,
 }
 
 impl ProgressLine {
-    /// A line drawn only when stderr is a terminal.
     pub fn new(label: impl Into<String>, total: u64) -> Self {
-        Self::with_display(label, total, std::io::stderr().is_terminal())
-    }
-
-    /// A line drawn wherever stderr goes (a notebook, a log), when asked.
-    pub fn always(label: impl Into<String>, total: u64) -> Self {
-        Self::with_display(label, total, true)
-    }
-
-    fn with_display(label: impl Into<String>, total: u64, enabled: bool) -> Self {
         let now = Instant::now();
         ProgressLine {
             label: label.into(),
@@ -34,15 +25,11 @@ impl ProgressLine {
             done: AtomicU64::new(0),
             started: now,
             last_draw: Mutex::new(now),
-            enabled,
         }
     }
 
     pub fn advance(&self, bytes: u64) {
         let done = self.done.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        if !self.enabled {
-            return;
-        }
         let Ok(mut last) = self.last_draw.try_lock() else {
             return;
         };
@@ -69,8 +56,6 @@ impl ProgressLine {
     }
 
     pub fn finish(&self) {
-        if self.enabled {
-            eprint!("\r{}\r", " ".repeat(self.label.len() + 48));
-        }
+        eprint!("\r{}\r", " ".repeat(self.label.len() + 48));
     }
 }

@@ -2,41 +2,27 @@
 //! against, all measured in the same run: pinned host->device copy bandwidth
 //! and the raw read rate of the same file into host memory.
 
-use crate::common::{gib, EngineArgs, HotArg};
-use clap::{Args, Subcommand};
+use super::raw_io::{raw_read, warm};
+use crate::common::{EngineArgs, HotArg};
+use crate::report;
+use crate::size::human_size;
+use clap::Args;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 use zerohop::cache_drop::{drop_from_page_cache, CacheDrop};
 use zerohop::safetensors::{self, Allocation};
-use zerohop::storage::{self, BackendKind, IoMode, SourceFile};
+use zerohop::storage::{BackendKind, IoMode};
 use zerohop::{Device, Engine, Error, Result, TransferStats};
-
-#[derive(Subcommand, Debug)]
-pub enum BenchCommand {
-    /// Time loads of FILE against the pinned H2D limit and the raw read rate.
-    Load(BenchLoadArgs),
-    /// Save device memory as a checkpoint and restore it, against the raw
-    /// write and read rates of the same directory.
-    Checkpoint(crate::bench_checkpoint::BenchCheckpointArgs),
-    /// Read FILE into this process's memory through the I/O agent (another
-    /// process) against the in-process engine, same run.
-    Agent(crate::bench_agent::BenchAgentArgs),
-    /// Many client processes doing mixed reads and writes through one
-    /// agent; every I/O is checked.
-    AgentStress(crate::bench_agent::BenchAgentStressArgs),
-    /// One client of `agent-stress` (run by it).
-    #[command(hide = true)]
-    AgentClient(crate::bench_agent::AgentClientArgs),
-}
 
 #[derive(Args, Debug)]
 pub struct BenchLoadArgs {
+    /// The file to load: a .safetensors model, or any file as raw bytes.
     pub file: PathBuf,
     /// Drop the file from the page cache before every timed read.
     #[arg(long)]
     pub cold: bool,
+    /// Timed loads per route.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
     /// Also time each hot route on its own (staged CPU copies vs page-cache DMA).
@@ -44,6 +30,7 @@ pub struct BenchLoadArgs {
     pub compare_routes: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
+    /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }
@@ -85,17 +72,7 @@ struct Report {
     staging_bytes: u64,
 }
 
-pub fn run(cmd: BenchCommand) -> Result<()> {
-    match cmd {
-        BenchCommand::Load(a) => bench_load(&a),
-        BenchCommand::Checkpoint(a) => crate::bench_checkpoint::run(&a),
-        BenchCommand::Agent(a) => crate::bench_agent::bench(&a),
-        BenchCommand::AgentStress(a) => crate::bench_agent::stress(&a),
-        BenchCommand::AgentClient(a) => crate::bench_agent::client(&a),
-    }
-}
-
-fn bench_load(a: &BenchLoadArgs) -> Result<()> {
+pub fn run(a: &BenchLoadArgs) -> Result<()> {
     let device = a.engine.open_device()?;
     let size = std::fs::metadata(&a.file)
         .map_err(|e| Error::io(&a.file, "cannot stat", e))?
@@ -109,7 +86,7 @@ fn bench_load(a: &BenchLoadArgs) -> Result<()> {
     say(format!(
         "file     {} ({}), {mode}",
         a.file.display(),
-        gib(size)
+        human_size(size)
     ));
     say(format!("device   {}", device.describe()));
 
@@ -205,7 +182,9 @@ fn bench_load(a: &BenchLoadArgs) -> Result<()> {
             staging_bytes = staging_bytes.max(stats.staging_bytes);
             say(format!(
                 "run      {label:<15} #{i}: {:.2} GB/s ({:.3} s) via {}",
-                stats.gbps, stats.seconds, stats.path
+                stats.gbps,
+                stats.seconds,
+                report::path(&stats, device.kind())
             ));
             say(format!("profile  {}", stats.profile.describe()));
             for n in &stats.notes {
@@ -243,8 +222,8 @@ fn bench_load(a: &BenchLoadArgs) -> Result<()> {
         println!("result   best {best:.2} GB/s = {:.1}% of pinned H2D, {:.1}% of the best raw read ({best_raw:.2} GB/s)", 100.0 * report.ratio_to_h2d, 100.0 * report.ratio_to_best_raw_read);
         println!(
             "host     staging held: {} (bound: {})",
-            gib(staging_bytes),
-            gib(a.engine.config().staging.total_bytes as u64)
+            human_size(staging_bytes),
+            human_size(a.engine.config().staging.total_bytes as u64)
         );
         if let Some(how) = cache_drop {
             println!("cold     page cache emptied with {how:?} before each timed read");
@@ -259,11 +238,6 @@ fn load_once(engine: &Engine, file: &Path) -> Result<TransferStats> {
     } else {
         Ok(engine.load_files(&[file], None)?.1)
     }
-}
-
-/// Reads the whole file once so it sits in the page cache.
-pub fn warm(path: &Path) -> Result<()> {
-    raw_read(&[path], BackendKind::Pread, IoMode::Buffered, 4).map(|_| ())
 }
 
 /// Pinned host->device copies: 4 queues each copying a 64 MiB pinned buffer
@@ -315,89 +289,5 @@ impl H2dProbe {
             f.wait()?;
         }
         Ok((rounds * Self::QUEUES * Self::CHUNK) as f64 / t.elapsed().as_secs_f64() / 1e9)
-    }
-}
-
-/// Reads whole files into host memory (not the GPU) with `threads` readers
-/// taking 8 MiB pieces of any of them: the storage side's limit.
-pub(crate) fn raw_read(
-    paths: &[&Path],
-    backend: BackendKind,
-    mode: IoMode,
-    threads: usize,
-) -> Result<(&'static str, f64)> {
-    const CHUNK: u64 = 8 << 20;
-    let files: Vec<SourceFile> = paths
-        .iter()
-        .map(|p| SourceFile::open(p))
-        .collect::<Result<_>>()?;
-    if mode == IoMode::Direct && !files.iter().all(|f| f.direct_capable()) {
-        return Err(Error::invalid("this file system refuses O_DIRECT"));
-    }
-    let backend =
-        storage::backend(backend).map_err(|e| Error::io(paths[0], "no backend for", e))?;
-    let pieces: Vec<(usize, u64)> = files
-        .iter()
-        .enumerate()
-        .flat_map(|(i, f)| (0..f.len().div_ceil(CHUNK)).map(move |k| (i, k * CHUNK)))
-        .collect();
-    let next = AtomicUsize::new(0);
-    let t = Instant::now();
-    std::thread::scope(|s| -> Result<()> {
-        let handles: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                s.spawn(|| -> Result<()> {
-                    let mut reader = backend
-                        .reader()
-                        .map_err(|e| Error::io(paths[0], "cannot start reader for", e))?;
-                    let mut buf = AlignedBuf::new(CHUNK as usize);
-                    while let Some(&(i, at)) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        reader
-                            .read_at(&files[i], mode, at, buf.as_mut_slice())
-                            .map_err(|e| Error::io(paths[i], "read failed in", e))?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(Error::invalid("reader panicked")))
-        })
-    })?;
-    let bytes: u64 = files.iter().map(|f| f.len()).sum();
-    Ok((
-        backend.name(),
-        bytes as f64 / t.elapsed().as_secs_f64() / 1e9,
-    ))
-}
-
-/// A page-aligned heap buffer (O_DIRECT needs aligned memory).
-pub(crate) struct AlignedBuf {
-    ptr: *mut u8,
-    layout: std::alloc::Layout,
-}
-
-impl AlignedBuf {
-    pub(crate) fn new(len: usize) -> Self {
-        let layout = std::alloc::Layout::from_size_align(len, 4096).expect("valid layout");
-        // SAFETY: non-zero size; checked for null below.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        AlignedBuf { ptr, layout }
-    }
-
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: we own `layout.size()` initialised (zeroed) bytes at `ptr`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
     }
 }

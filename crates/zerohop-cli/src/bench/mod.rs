@@ -1,0 +1,38 @@
+//! `zerohop bench ...`: measurements against the machine's limits, each
+//! beside the limits it is judged against, measured in the same run.
+
+mod agent;
+mod checkpoint;
+mod load;
+mod raw_io;
+
+use clap::Subcommand;
+use zerohop::Result;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Time loads of FILE against the pinned H2D limit and the raw read rate.
+    Load(load::BenchLoadArgs),
+    /// Save device memory as a checkpoint and restore it, against the raw
+    /// write and read rates of the same directory.
+    Checkpoint(checkpoint::BenchCheckpointArgs),
+    /// Read FILE into this process's memory through the I/O agent (another
+    /// process) against the in-process engine, same run.
+    Agent(agent::BenchAgentArgs),
+    /// Many client processes doing mixed reads and writes through one
+    /// agent; every I/O is checked.
+    AgentStress(agent::BenchAgentStressArgs),
+    /// One client of `agent-stress` (run by it).
+    #[command(hide = true)]
+    AgentClient(agent::AgentClientArgs),
+}
+
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Load(a) => load::run(&a),
+        BenchCommand::Checkpoint(a) => checkpoint::run(&a),
+        BenchCommand::Agent(a) => agent::bench(&a),
+        BenchCommand::AgentStress(a) => agent::stress(&a),
+        BenchCommand::AgentClient(a) => agent::client(&a),
+    }
+}
