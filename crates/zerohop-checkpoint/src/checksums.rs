@@ -6,7 +6,7 @@ use crate::manifest::{chunk_checksum, DataFile};
 use crate::save::ChunkSlot;
 use std::path::Path;
 use std::time::Instant;
-use zerohop::{DeviceBuffer, Engine, Error, Result};
+use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
 
 /// Where a save checksummed its chunks.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,20 +43,25 @@ impl std::fmt::Display for ChecksumSite {
 
 /// Whether the engine's device can hash chunks itself; if not, why.
 pub(crate) fn device_can_hash(engine: &Engine) -> std::result::Result<(), String> {
-    match engine.device().hashes_xxh3() {
-        Ok(true) => Ok(()),
-        Ok(false) => Err("the device has no checksum kernel".into()),
-        Err(e) => Err(e.to_string()),
+    match engine.device().checksums() {
+        Some(hasher) => hasher.ready().map_err(|e| e.to_string()),
+        None => Err(NO_KERNEL.into()),
     }
 }
+
+const NO_KERNEL: &str = "the device has no checksum kernel";
 
 /// Every chunk's checksum from the device, and the seconds it took.
 pub(crate) type DeviceSums = Result<(Vec<u64>, f64)>;
 
 /// Every chunk's checksum, computed by the device, and the seconds it took.
 pub(crate) fn on_device(engine: &Engine, pieces: &[Vec<DeviceBuffer>]) -> DeviceSums {
+    let hasher = engine
+        .device()
+        .checksums()
+        .ok_or_else(|| Error::new(ErrorKind::Device, NO_KERNEL))?;
     let started = Instant::now();
-    let sums = engine.device_xxh3_64(pieces)?;
+    let sums = hasher.xxh3_64(pieces)?;
     Ok((sums, started.elapsed().as_secs_f64()))
 }
 

@@ -35,8 +35,9 @@ struct ServeArgs {
     /// Let the socket's group connect too (default: the owner only).
     #[arg(long)]
     group: bool,
-    /// The GPU whose memory clients may register: auto, none or cuda:N.
-    #[arg(long, default_value = "auto")]
+    // The GPU whose memory clients may register (host: none; host memory
+    // is always served).
+    #[arg(long, default_value = "auto", help = zerohop::device::DEVICE_HELP)]
     device: String,
     /// error, warn, info, debug or trace.
     #[arg(long, default_value = "info")]

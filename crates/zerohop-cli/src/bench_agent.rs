@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerohop::plan::TransferPlan;
 use zerohop::probe::drop_from_page_cache;
-use zerohop::{Device, DeviceBuffer, DeviceKind, Engine, EngineConfig, Error, ErrorKind, Result};
+use zerohop::{
+    Device, DeviceBuffer, DeviceKind, DeviceName, Engine, EngineConfig, Error, ErrorKind, Result,
+};
 use zerohop_client::{Client, Submission};
 use zerohop_wire::ring::{OP_READ, OP_WRITE};
 
@@ -25,8 +27,7 @@ pub struct BenchAgentArgs {
     pub cold: bool,
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
-    /// cuda:N, host, or auto (the first GPU, else host).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", help = zerohop::device::DEVICE_HELP)]
     pub device: String,
     /// Bytes per submitted read.
     #[arg(long, value_parser = parse_size, default_value = "64MiB")]
@@ -47,8 +48,8 @@ pub struct BenchAgentStressArgs {
     /// Directory for the clients' files (one each).
     #[arg(long)]
     pub dir: PathBuf,
-    /// Where the clients' buffers live: cuda:N, host, sim, or auto.
-    #[arg(long, default_value = "auto")]
+    // Where the clients' buffers live.
+    #[arg(long, default_value = "auto", help = zerohop::device::DEVICE_HELP)]
     pub device: String,
 }
 
@@ -142,7 +143,7 @@ pub fn bench(a: &BenchAgentArgs) -> Result<()> {
         .len();
     let agent = AgentProcess::start(&match device.kind() {
         DeviceKind::Cuda(n) => format!("cuda:{n}"),
-        DeviceKind::Simulated => "none".into(),
+        DeviceKind::Host => "host".into(),
     })?;
     let engine = Engine::new(
         device.clone(),
@@ -185,7 +186,7 @@ pub fn bench(a: &BenchAgentArgs) -> Result<()> {
                 .map_err(io_err("cannot register GPU memory with the agent"))?;
             (Some(alloc), id, None)
         }
-        DeviceKind::Simulated => {
+        DeviceKind::Host => {
             let b = client
                 .create_simulated_device_buffer(size as usize)
                 .map_err(io_err("cannot make a buffer"))?;
@@ -345,17 +346,17 @@ struct ClientReport {
 }
 
 pub fn stress(a: &BenchAgentStressArgs) -> Result<()> {
-    let memory = match a.device.as_str() {
-        "auto" => match zerohop::device::CudaDevice::open(0) {
+    let memory = match a.device.parse::<DeviceName>()? {
+        DeviceName::Auto => match zerohop::device::CudaDevice::open(0) {
             Ok(_) => "cuda:0".to_string(),
             Err(_) => "sim".to_string(),
         },
-        m => m.to_string(),
+        name => name.to_string(),
     };
     let agent_device = if memory.starts_with("cuda:") {
         memory.clone()
     } else {
-        "none".into()
+        "host".into()
     };
     std::fs::create_dir_all(&a.dir).map_err(|e| Error::io(&a.dir, "cannot create", e))?;
     let agent = AgentProcess::start(&agent_device)?;

@@ -24,9 +24,11 @@ pub mod safetensors;
 pub mod staging;
 pub mod stats;
 pub mod storage;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod write_pipeline;
 
-pub use device::{open_device, Device, DeviceBuffer, DeviceKind};
+pub use device::{open_device, Device, DeviceBuffer, DeviceKind, DeviceName};
 pub use engine::{DirectIo, Engine, EngineConfig, HotRoute};
 pub use error::{Error, ErrorKind, Result};
 pub use pipeline::Progress;

@@ -6,10 +6,10 @@ mod common;
 use common::{pattern, write, TestDir};
 use std::sync::Arc;
 use std::time::Duration;
-use zerohop::device::{SimConfig, SimDevice};
 use zerohop::plan::TransferPlan;
 use zerohop::staging::StagingConfig;
-use zerohop::storage::{self, BackendKind, Fault, FaultyBackend, ReadBackend};
+use zerohop::storage::{self, BackendKind, ReadBackend};
+use zerohop::testing::{Fault, FaultyBackend, SimConfig, SimDevice};
 use zerohop::{Device, DeviceBuffer, DirectIo, Engine, EngineConfig, ErrorKind, HotRoute};
 
 fn sim(delay_us: u64) -> Arc<dyn Device> {

@@ -6,7 +6,7 @@ use crate::plan::{windows, TransferPlan, Window};
 use crate::stats::{Direction, TransferStats};
 use crate::storage::{sync_dir, IoMode, SinkFile, DIRECT_ALIGN};
 use crate::write_pipeline::{self, WriteFilter, WriteJob, WriteWorker};
-use crate::{DeviceBuffer, Error, ErrorKind, Result};
+use crate::{Error, ErrorKind, Result};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
@@ -74,23 +74,6 @@ impl Engine {
         );
         stats.finish(started, cpu_before);
         Ok(stats)
-    }
-
-    /// XXH3-64 (seed 0) of each chunk of device memory, a chunk being its
-    /// buffers' bytes one after another, computed by the device once the
-    /// work queued on the buffers' streams is done; an error where the
-    /// device cannot (see [`crate::Device::hashes_xxh3`]). Checkpoint saves
-    /// hash this way so the host never reads the bytes to hash them.
-    pub fn device_xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
-        // The device refuses buffers that are not its own.
-        self.wait_for_streams(
-            chunks
-                .iter()
-                .flatten()
-                .filter_map(DeviceBuffer::stream)
-                .collect(),
-        )?;
-        self.device.xxh3_64(chunks)
     }
 
     /// Writes host bytes (a header, small metadata) into `file` at `offset`
