@@ -2,8 +2,8 @@
 //! memory (a GPU kernel) so the host never reads the bytes to hash them;
 //! where it cannot, the I/O workers hash each chunk in staging.
 
+use crate::layout::ChunkSlot;
 use crate::manifest::{chunk_checksum, DataFile};
-use crate::save::ChunkSlot;
 use std::path::Path;
 use std::time::Instant;
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
@@ -89,35 +89,4 @@ pub(crate) fn from_files(
             Ok(chunk_checksum(&buf))
         })
         .collect()
-}
-
-/// Each chunk's bytes as slices of the tensors it overlaps, in order;
-/// `placed` holds each data file's tensors by file offset, in file order.
-pub(crate) fn chunk_pieces(
-    slots: &[ChunkSlot],
-    placed: &[Vec<(u64, DeviceBuffer)>],
-) -> Result<Vec<Vec<DeviceBuffer>>> {
-    let mut chunks = Vec::with_capacity(slots.len());
-    for c in slots {
-        let tensors = &placed[c.file];
-        let end = c.offset + c.len;
-        // From the last tensor starting at or before the chunk, while they
-        // start before its end.
-        let first = tensors.partition_point(|(at, _)| *at <= c.offset).max(1) - 1;
-        let mut pieces = Vec::new();
-        for (at, data) in tensors[first..].iter().take_while(|(at, _)| *at < end) {
-            let from = c.offset.max(*at);
-            let to = end.min(at + data.len() as u64);
-            if from < to {
-                pieces.push(data.slice((from - at) as usize, (to - from) as usize)?);
-            }
-        }
-        debug_assert_eq!(
-            pieces.iter().map(|p| p.len() as u64).sum::<u64>(),
-            c.len,
-            "a chunk's pieces must cover it"
-        );
-        chunks.push(pieces);
-    }
-    Ok(chunks)
 }
