@@ -44,7 +44,7 @@ impl Device for HostDevice {
     fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
         let mem = HostMemory::zeroed(len)?;
         Ok(DeviceBuffer::owned(
-            mem.ptr as u64,
+            mem.addr(),
             len,
             DeviceKind::Host,
             Arc::new(mem),

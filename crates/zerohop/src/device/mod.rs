@@ -13,6 +13,7 @@ pub(crate) use checksums::wait_for_buffer_streams;
 pub use checksums::DeviceChecksums;
 pub use cuda::{cuda_driver_summary, CudaDevice};
 pub use host::HostDevice;
+#[cfg(feature = "testing")]
 pub(crate) use host::HostMemory;
 pub use name::{open_device, open_gpu, DeviceName, DEVICE_HELP};
 
