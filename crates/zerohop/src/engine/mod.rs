@@ -284,6 +284,7 @@ impl Engine {
         let started = Instant::now();
         let cpu_before = crate::stats::cpu_seconds();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        plan.check_device(self.device.kind())?;
         self.wait_for_streams(plan.streams())?;
         let routes: Vec<FileRoute> = files
             .iter()

@@ -30,6 +30,7 @@ impl Engine {
         let cpu_before = crate::stats::cpu_seconds();
         check_disjoint(files, plan)?;
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        plan.check_device(self.device.kind())?;
         self.wait_for_streams(plan.streams())?;
         let slot_bytes = pool.config().slot_bytes as u64;
         let windows = interleave(windows(plan.extents(), slot_bytes, DIRECT_ALIGN));
