@@ -134,8 +134,8 @@ fn io_err(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::with_source(ErrorKind::Io, what.to_string(), e)
 }
 
-/// Where a benchmark's memory is: a GPU, or host memory (the agent's
-/// simulated device route).
+/// Where a benchmark's memory is: a GPU, or host memory (the agent's host
+/// device route).
 pub fn bench(a: &BenchAgentArgs) -> Result<()> {
     let device = open_device_or_host(&a.device)?;
     let size = std::fs::metadata(&a.file)
