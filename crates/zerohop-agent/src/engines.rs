@@ -1,11 +1,11 @@
 //! The engines the agent runs clients' I/O on: one for host memory (the
-//! simulated device's pipeline, whose "device memory" is host memory: the
-//! clients' memfds), and one for the GPU it serves, if any.
+//! host device, whose "device memory" is the clients' memfds), and one for
+//! the GPU it serves, if any.
 
 use std::sync::Arc;
-use zerohop::device::{CudaDevice, SimConfig, SimDevice};
+use zerohop::device::{open_gpu, CudaDevice, HostDevice};
 use zerohop::staging::StagingConfig;
-use zerohop::{Device, Engine, EngineConfig, Error, HotRoute, Result};
+use zerohop::{Device, DeviceName, Engine, EngineConfig, HotRoute, Result};
 
 /// Clients own their files and may truncate them at any time: the agent
 /// never maps one (a page gone from a mapping is SIGBUS for the whole
@@ -28,29 +28,29 @@ pub struct Engines {
 }
 
 impl Engines {
-    /// `device`: `auto` (the first GPU if there is one), `none`, or `cuda:N`.
+    /// `device` (see [`zerohop::device::DEVICE_HELP`]) names the GPU to
+    /// serve: `auto` the first one if there is one; `host` (or `sim`, the
+    /// simulated device for tests) none, serving host memory only.
     pub fn open(device: &str) -> Result<Engines> {
+        let name: DeviceName = device.parse()?;
         let host_config = EngineConfig {
             staging: StagingConfig::host_memory(),
             ..agent_config()
         };
-        let host = Engine::new(Arc::new(SimDevice::new(SimConfig::default())), host_config)?;
-        let ordinal = match device {
-            "none" => None,
-            "auto" => CudaDevice::open(0).ok().map(|_| 0),
-            s => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Some(n),
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "unknown device {s:?}: expected auto, none or cuda:N"
-                    )))
-                }
-            },
+        let host_device: Arc<dyn Device> = match name {
+            DeviceName::Sim => name.open()?,
+            _ => Arc::new(HostDevice::new()),
+        };
+        let host = Engine::new(host_device, host_config)?;
+        let ordinal = match name {
+            DeviceName::Auto => CudaDevice::open(0).ok().map(|_| 0),
+            DeviceName::Cuda(n) => Some(n),
+            DeviceName::Host | DeviceName::Sim => None,
         };
         let cuda = match ordinal {
             None => None,
             Some(n) => {
-                let device = Arc::new(CudaDevice::open(n)?);
+                let device = Arc::new(open_gpu(n)?);
                 let engine = Engine::new(device.clone() as Arc<dyn Device>, agent_config())?;
                 Some(CudaEngine { device, engine })
             }

@@ -41,7 +41,8 @@ pub struct AgentConfig {
     pub socket: PathBuf,
     /// Let the socket's group connect too (default: the owner only).
     pub group_access: bool,
-    /// `auto`, `none` or `cuda:N`: the GPU whose memory clients may register.
+    /// The GPU whose memory clients may register, as a device name (see
+    /// [`zerohop::device::DEVICE_HELP`]; `host`: none).
     pub device: String,
     pub max_clients: usize,
 }

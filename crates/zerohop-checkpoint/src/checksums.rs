@@ -2,11 +2,11 @@
 //! memory (a GPU kernel) so the host never reads the bytes to hash them;
 //! where it cannot, the I/O workers hash each chunk in staging.
 
+use crate::layout::ChunkSlot;
 use crate::manifest::{chunk_checksum, DataFile};
-use crate::save::ChunkSlot;
 use std::path::Path;
 use std::time::Instant;
-use zerohop::{DeviceBuffer, Engine, Error, Result};
+use zerohop::{DeviceBuffer, DeviceKind, Engine, Error, ErrorKind, Result};
 
 /// Where a save checksummed its chunks.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,20 +43,28 @@ impl std::fmt::Display for ChecksumSite {
 
 /// Whether the engine's device can hash chunks itself; if not, why.
 pub(crate) fn device_can_hash(engine: &Engine) -> std::result::Result<(), String> {
-    match engine.device().hashes_xxh3() {
-        Ok(true) => Ok(()),
-        Ok(false) => Err("the device has no checksum kernel".into()),
-        Err(e) => Err(e.to_string()),
+    match engine.device().checksums() {
+        Some(hasher) => hasher.ready().map_err(|e| e.to_string()),
+        None if engine.device().kind() == DeviceKind::Host => {
+            Err("host memory: the CPU hashes it anyway".into())
+        }
+        None => Err(NO_KERNEL.into()),
     }
 }
+
+const NO_KERNEL: &str = "the device has no checksum kernel";
 
 /// Every chunk's checksum from the device, and the seconds it took.
 pub(crate) type DeviceSums = Result<(Vec<u64>, f64)>;
 
 /// Every chunk's checksum, computed by the device, and the seconds it took.
 pub(crate) fn on_device(engine: &Engine, pieces: &[Vec<DeviceBuffer>]) -> DeviceSums {
+    let hasher = engine
+        .device()
+        .checksums()
+        .ok_or_else(|| Error::new(ErrorKind::Device, NO_KERNEL))?;
     let started = Instant::now();
-    let sums = engine.device_xxh3_64(pieces)?;
+    let sums = hasher.xxh3_64(pieces)?;
     Ok((sums, started.elapsed().as_secs_f64()))
 }
 
@@ -84,35 +92,4 @@ pub(crate) fn from_files(
             Ok(chunk_checksum(&buf))
         })
         .collect()
-}
-
-/// Each chunk's bytes as slices of the tensors it overlaps, in order;
-/// `placed` holds each data file's tensors by file offset, in file order.
-pub(crate) fn chunk_pieces(
-    slots: &[ChunkSlot],
-    placed: &[Vec<(u64, DeviceBuffer)>],
-) -> Result<Vec<Vec<DeviceBuffer>>> {
-    let mut chunks = Vec::with_capacity(slots.len());
-    for c in slots {
-        let tensors = &placed[c.file];
-        let end = c.offset + c.len;
-        // From the last tensor starting at or before the chunk, while they
-        // start before its end.
-        let first = tensors.partition_point(|(at, _)| *at <= c.offset).max(1) - 1;
-        let mut pieces = Vec::new();
-        for (at, data) in tensors[first..].iter().take_while(|(at, _)| *at < end) {
-            let from = c.offset.max(*at);
-            let to = end.min(at + data.len() as u64);
-            if from < to {
-                pieces.push(data.slice((from - at) as usize, (to - from) as usize)?);
-            }
-        }
-        debug_assert_eq!(
-            pieces.iter().map(|p| p.len() as u64).sum::<u64>(),
-            c.len,
-            "a chunk's pieces must cover it"
-        );
-        chunks.push(pieces);
-    }
-    Ok(chunks)
 }

@@ -14,8 +14,12 @@
 //! tampering.
 #![forbid(unsafe_code)]
 
+mod baseline;
 mod checksums;
+mod hashing;
+mod layout;
 mod manifest;
+mod request;
 mod restore;
 mod save;
 mod verify;
@@ -25,6 +29,7 @@ pub use manifest::{
     chunk_checksum, Chunk, DataFile, Entry, Manifest, FORMAT, MANIFEST_FILE, MAX_MANIFEST_BYTES,
     VERSION,
 };
+pub use request::{Region, SaveOptions, DEFAULT_CHUNK_BYTES};
 pub use restore::{restore, restore_into, Restored};
-pub use save::{save, Region, SaveOptions, Saved, DEFAULT_CHUNK_BYTES};
+pub use save::{save, Saved};
 pub use verify::{dependents, remove, verify, Verified};

@@ -8,10 +8,10 @@ use common::{pattern, TestDir};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use zerohop::device::{SimConfig, SimDevice};
 use zerohop::safetensors::Dtype;
 use zerohop::staging::StagingConfig;
-use zerohop::storage::{FaultyWriteBackend, PwriteBackend, WriteFault};
+use zerohop::storage::PwriteBackend;
+use zerohop::testing::{FaultyWriteBackend, SimConfig, SimDevice, WriteFault};
 use zerohop::{Device, DeviceBuffer, Engine, EngineConfig, ErrorKind};
 use zerohop_checkpoint::{
     remove, restore, restore_into, save, verify, ChecksumSite, Manifest, Region, SaveOptions,

@@ -1,7 +1,7 @@
 //! `zerohop agent`: run the I/O agent in the foreground, or ask one for its
 //! status.
 
-use crate::size::human_size;
+use crate::size::human_bytes;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use zerohop::{Error, ErrorKind, Result};
@@ -38,8 +38,9 @@ struct ServeArgs {
     /// Let the socket's group connect too (default: the owner only).
     #[arg(long)]
     group: bool,
-    /// The GPU whose memory clients may register: auto, none or cuda:N.
-    #[arg(long, default_value = "auto")]
+    // The GPU whose memory clients may register (host: none; host memory
+    // is always served).
+    #[arg(long, default_value = "auto", help = zerohop::device::DEVICE_HELP)]
     device: String,
     /// error, warn, info, debug or trace.
     #[arg(long, default_value = "info")]
@@ -85,8 +86,8 @@ fn status(socket: Option<PathBuf>, json: bool) -> Result<()> {
     println!(
         "served   {} I/Os, {} read, {} written, {} errors; {} sessions since start",
         st.ios,
-        human_size(st.bytes_read),
-        human_size(st.bytes_written),
+        human_bytes(st.bytes_read),
+        human_bytes(st.bytes_written),
         st.errors,
         st.sessions_total
     );
@@ -94,7 +95,7 @@ fn status(socket: Option<PathBuf>, json: bool) -> Result<()> {
     for c in &st.clients {
         println!(
             "  session {:<5} pid {:<8} files {:<4} host buffers {:<4} device buffers {:<4} rings {:<3} {} I/Os, {}, {} errors",
-            c.session, c.pid, c.files, c.host_buffers, c.device_buffers, c.rings, c.ios, human_size(c.bytes), c.errors
+            c.session, c.pid, c.files, c.host_buffers, c.device_buffers, c.rings, c.ios, human_bytes(c.bytes), c.errors
         );
     }
     Ok(())

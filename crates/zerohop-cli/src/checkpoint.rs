@@ -2,8 +2,7 @@
 
 use crate::common::EngineArgs;
 use crate::progress::bytes_bar;
-use crate::report;
-use crate::size::human_size;
+use crate::size::human_bytes;
 use crate::verify::{compare_with_files, Placed};
 use clap::Subcommand;
 use serde::Serialize;
@@ -119,7 +118,7 @@ pub fn run(cmd: CheckpointCommand) -> Result<()> {
                 println!(
                     "ok: {} chunks ({}) match their checksums{}",
                     v.chunks,
-                    human_size(v.bytes),
+                    human_bytes(v.bytes),
                     if v.referenced_chunks > 0 {
                         format!(
                             ", {} of them stored in parent checkpoints",
@@ -151,7 +150,6 @@ pub fn save(
     shards: Option<usize>,
     json: bool,
 ) -> Result<()> {
-    let kind = engine.device().kind();
     let model = safetensors::load_safetensors(engine, from, Allocation::PerTensor, None)?;
     let regions: Vec<Region> = model
         .tensors
@@ -177,7 +175,7 @@ pub fn save(
             written_bytes: saved.written_bytes,
             seconds_to_durable: saved.seconds,
             gbps,
-            checksums: report::checksums(&saved.checksums, kind),
+            checksums: saved.checksums.to_string(),
             transfer: &saved.stats,
         };
         println!(
@@ -188,7 +186,7 @@ pub fn save(
         println!(
             "saved    {} entries ({}) to {} in {} data files",
             regions.len(),
-            human_size(bytes),
+            human_bytes(bytes),
             dir.display(),
             saved.manifest.files.len()
         );
@@ -199,18 +197,18 @@ pub fn save(
         let skipped = saved.stats.skipped_bytes;
         println!(
             "wrote    {}{}",
-            human_size(saved.written_bytes),
+            human_bytes(saved.written_bytes),
             if skipped > 0 {
                 format!(
                     " ({} unchanged, referenced from the parent)",
-                    human_size(skipped)
+                    human_bytes(skipped)
                 )
             } else {
                 String::new()
             }
         );
-        println!("checksum {}", report::checksums(&saved.checksums, kind));
-        println!("path     {}", report::path(&saved.stats, kind));
+        println!("checksum {}", saved.checksums);
+        println!("path     {}", saved.stats.path);
     }
     Ok(())
 }
@@ -263,11 +261,11 @@ pub fn restore(engine: &Engine, dir: &Path, against: &[PathBuf], json: bool) -> 
         println!(
             "restored {} entries ({}) into {}, every chunk verified",
             r.buffers.len(),
-            human_size(s.bytes),
+            human_bytes(s.bytes),
             s.device
         );
         println!("time     {:.3} s, {:.2} GB/s", s.seconds, s.gbps);
-        println!("path     {}", report::path(s, engine.device().kind()));
+        println!("path     {}", s.path);
         if let Some(m) = matches {
             println!(
                 "compare: {}",
@@ -301,10 +299,10 @@ fn ls(dir: &Path, json: bool) -> Result<()> {
         "{}: {} entries, {} in {} data files, {} chunks of {}{}",
         dir.display(),
         m.entries.len(),
-        human_size(m.bytes()),
+        human_bytes(m.bytes()),
         m.files.len(),
         m.chunks.len(),
-        human_size(m.chunk_bytes),
+        human_bytes(m.chunk_bytes),
         m.parent
             .as_ref()
             .map_or(String::new(), |p| format!(", parent {p}"))
@@ -315,7 +313,7 @@ fn ls(dir: &Path, json: bool) -> Result<()> {
             (Some(d), Some(s)) => format!("{d} {s:?}"),
             _ => "raw".to_string(),
         };
-        println!("{:>10}  {:<24} {}", human_size(e.bytes), kind, e.name);
+        println!("{:>10}  {:<24} {}", human_bytes(e.bytes), kind, e.name);
     }
     let referenced = m.chunks.iter().filter(|c| c.stored_in.is_some()).count();
     if referenced > 0 {

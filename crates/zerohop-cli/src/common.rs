@@ -5,13 +5,12 @@ use clap::{Args, ValueEnum};
 use std::sync::Arc;
 use zerohop::staging::StagingConfig;
 use zerohop::storage::BackendKind;
-use zerohop::{open_device, Device, DirectIo, Engine, EngineConfig, HotRoute, Result};
+use zerohop::{Device, DeviceName, DirectIo, Engine, EngineConfig, HotRoute, Result};
 
 /// Engine settings on the command line.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// cuda, cuda:N, host, or auto (the first GPU, else host memory).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", help = zerohop::device::DEVICE_HELP)]
     pub device: String,
     /// I/O worker threads (by default one per CPU, at least 2, at most 16).
     #[arg(long, default_value_t = EngineConfig::default().io_threads)]
@@ -99,14 +98,15 @@ impl EngineArgs {
 
 /// `auto` means the first GPU, or host memory (with a note) when there is none.
 pub fn open_device_or_host(spec: &str) -> Result<Arc<dyn Device>> {
-    if spec != "auto" {
-        return open_device(spec);
+    let name: DeviceName = spec.parse()?;
+    if name != DeviceName::Auto {
+        return name.open();
     }
-    match open_device("cuda:0") {
-        Ok(d) => Ok(d),
+    match zerohop::device::CudaDevice::open(0) {
+        Ok(d) => Ok(Arc::new(d)),
         Err(e) => {
-            eprintln!("note: no GPU available ({e}); using host memory instead (same pipeline, simulated device)");
-            open_device("host")
+            eprintln!("note: no GPU available ({e}); using host memory instead (same pipeline)");
+            DeviceName::Host.open()
         }
     }
 }

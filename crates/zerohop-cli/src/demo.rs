@@ -5,7 +5,7 @@
 use crate::checkpoint;
 use crate::common::EngineArgs;
 use crate::load::{self, LoadArgs};
-use crate::size::{human_size, ByteSize};
+use crate::size::{human_bytes, ByteSize};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use zerohop::{Error, Result};
@@ -47,7 +47,7 @@ fn steps(a: &DemoArgs, dir: &Path) -> Result<()> {
     let model = dir.join("demo.safetensors");
     println!(
         "== generating a {} transformer-shaped model",
-        human_size(a.size.0)
+        human_bytes(a.size.0)
     );
     crate::gen::run(&model, a.size.0, 1)?;
     // One device for every step, so a note about it is printed once.

@@ -1,7 +1,7 @@
 //! `zerohop gen`: a synthetic transformer-shaped safetensors model.
 
 use crate::progress::bytes_bar;
-use crate::size::human_size;
+use crate::size::human_bytes;
 use std::path::Path;
 use zerohop::{safetensors, Result};
 
@@ -13,7 +13,7 @@ pub fn run(out: &Path, size: u64, seed: u64) -> Result<()> {
     let tensors = safetensors::transformer_shapes(size).len();
     println!(
         "wrote {} ({tensors} bf16 tensors) to {}",
-        human_size(written),
+        human_bytes(written),
         out.display()
     );
     Ok(())

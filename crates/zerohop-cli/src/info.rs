@@ -1,6 +1,6 @@
 //! `zerohop info`: what this machine supports and why.
 
-use crate::size::human_size;
+use crate::size::human_bytes;
 use std::path::Path;
 use zerohop::machine::MachineInfo;
 use zerohop::{Error, Result};
@@ -43,9 +43,9 @@ pub fn run(path: Option<&Path>, json: bool) -> Result<()> {
     }
     println!(
         "staging   {} pinned per device in {} slots of {}; {} I/O threads ({} CPUs)",
-        human_size(info.staging.total_bytes as u64),
+        human_bytes(info.staging.total_bytes as u64),
         info.staging.slot_count(),
-        human_size(info.staging.slot_bytes as u64),
+        human_bytes(info.staging.slot_bytes as u64),
         info.io_threads,
         info.cpus
     );

@@ -2,14 +2,13 @@
 
 use crate::common::EngineArgs;
 use crate::progress::bytes_bar;
-use crate::report;
-use crate::size::human_size;
+use crate::size::human_bytes;
 use crate::verify::{compare_with_files, Placed};
 use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
 use zerohop::safetensors::{self, Allocation};
-use zerohop::{DeviceKind, Engine, Error, Result, TransferStats};
+use zerohop::{Engine, Error, Result, TransferStats};
 
 #[derive(Args, Debug)]
 pub struct LoadArgs {
@@ -120,7 +119,7 @@ pub fn run_on(engine: &Engine, args: &LoadArgs) -> Result<()> {
             serde_json::to_string(&report).expect("stats serialize")
         );
     } else {
-        print_stats(&stats, tensors, engine.device().kind());
+        print_stats(&stats, tensors);
         if let Some(ok) = verified {
             println!(
                 "verify:  {}",
@@ -141,22 +140,22 @@ pub fn run_on(engine: &Engine, args: &LoadArgs) -> Result<()> {
     }
 }
 
-fn print_stats(s: &TransferStats, tensors: Option<usize>, kind: DeviceKind) {
+fn print_stats(s: &TransferStats, tensors: Option<usize>) {
     let what = match tensors {
         Some(n) => format!("{n} tensors from {} file(s)", s.files),
         None => format!("{} file(s)", s.files),
     };
     println!(
         "loaded   {} ({what}) into {}",
-        human_size(s.bytes),
+        human_bytes(s.bytes),
         s.device
     );
     println!("time     {:.3} s, {:.2} GB/s", s.seconds, s.gbps);
-    println!("path     {}", report::path(s, kind));
+    println!("path     {}", s.path);
     println!(
         "host     {} staging{}, {} I/O threads, {} windows; CPU {:.2} s ({:.3} s/GB)",
-        human_size(s.staging_bytes),
-        if report::is_gpu(kind) {
+        human_bytes(s.staging_bytes),
+        if s.pinned_staging {
             " (pinned)"
         } else {
             " (not pinned)"

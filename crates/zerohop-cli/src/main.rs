@@ -10,7 +10,6 @@ mod gen;
 mod info;
 mod load;
 mod progress;
-mod report;
 mod size;
 mod verify;
 

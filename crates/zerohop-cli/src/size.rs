@@ -73,19 +73,11 @@ const UNITS: [(&str, u64); 4] = [
     ("TiB", 1 << 40),
 ];
 
-/// A size for people to read: `4 MiB`, `63.2 MiB`, `1.5 GiB`, `512 B`.
-pub fn human_size(bytes: u64) -> String {
-    let Some((name, size)) = UNITS.iter().rev().find(|(_, size)| bytes >= *size) else {
-        return format!("{bytes} B");
-    };
-    let text = format!("{:.2}", bytes as f64 / *size as f64);
-    let text = text.trim_end_matches('0').trim_end_matches('.');
-    format!("{text} {name}")
-}
+pub use zerohop::stats::human_bytes;
 
 #[cfg(test)]
 mod tests {
-    use super::{human_size, parse_size, ByteSize};
+    use super::{parse_size, ByteSize};
 
     #[test]
     fn sizes_parse() {
@@ -96,16 +88,6 @@ mod tests {
         assert_eq!(parse_size("1.5k").unwrap(), 1536);
         assert!(parse_size("abc").is_err());
         assert!(parse_size("1XB").is_err());
-    }
-
-    #[test]
-    fn sizes_read_well() {
-        assert_eq!(human_size(4 << 20), "4 MiB");
-        assert_eq!(human_size(66_270_000), "63.2 MiB");
-        assert_eq!(human_size(3 << 29), "1.5 GiB");
-        assert_eq!(human_size(512), "512 B");
-        assert_eq!(human_size(0), "0 B");
-        assert_eq!(human_size(u64::MAX), "16777216 TiB");
     }
 
     #[test]

@@ -27,7 +27,7 @@ impl Agent {
             .args([
                 "agent",
                 "--device",
-                "none",
+                "sim",
                 "--log-level",
                 "debug",
                 "--socket",
@@ -621,7 +621,7 @@ fn the_socket_is_private_and_one_agent_owns_it() {
         & 0o777;
     assert_eq!(mode, 0o600);
     let second = Command::new(env!("CARGO_BIN_EXE_zerohop"))
-        .args(["agent", "--device", "none", "--socket"])
+        .args(["agent", "--device", "host", "--socket"])
         .arg(&agent.socket)
         .output()
         .unwrap();

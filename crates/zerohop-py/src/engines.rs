@@ -6,17 +6,18 @@ use pyo3::PyResult;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use zerohop::device::{CudaDevice, SimConfig, SimDevice};
+use zerohop::device::{open_gpu, HostDevice};
 use zerohop::staging::StagingConfig;
-use zerohop::{Engine, EngineConfig, Error};
+use zerohop::testing::{SimConfig, SimDevice};
+use zerohop::{DeviceName, Engine, EngineConfig};
 
 /// Where the memory of a call lives, as the Python half names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Place {
     /// A CUDA GPU.
     Cuda(usize),
-    /// Host memory, moved by the simulated device (checkpoints and saves
-    /// of CPU tensors go through the same pipeline as GPU memory).
+    /// Host memory, moved by the host device (checkpoints and saves of CPU
+    /// tensors go through the same pipeline as GPU memory).
     Host,
     /// Host memory standing in for a GPU, with randomly delayed copies:
     /// for tests of the pipeline without a GPU.
@@ -24,17 +25,13 @@ pub enum Place {
 }
 
 impl Place {
+    /// Parses a device name (see [`zerohop::device::DEVICE_HELP`]).
     pub fn parse(spec: &str) -> PyResult<Place> {
-        match spec {
-            "cpu" => Ok(Place::Host),
-            "sim" => Ok(Place::Sim),
-            s => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Ok(Place::Cuda(n)),
-                _ => Err(to_py(Error::invalid(format!(
-                    "unknown device {s:?}: expected cpu, cuda:N or sim"
-                )))),
-            },
-        }
+        Ok(match spec.parse::<DeviceName>().map_err(to_py)?.resolve() {
+            DeviceName::Cuda(n) => Place::Cuda(n),
+            DeviceName::Host | DeviceName::Auto => Place::Host,
+            DeviceName::Sim => Place::Sim,
+        })
     }
 }
 
@@ -55,28 +52,27 @@ pub fn engine(place: Place) -> PyResult<Arc<Engine>> {
                 hot_choice_file: zerohop::hot_choice::default_file(),
                 ..EngineConfig::default()
             };
-            let device = CudaDevice::open(n).map_err(to_py)?;
+            let device = open_gpu(n).map_err(to_py)?;
             Engine::new(Arc::new(device), config)
         }
-        Place::Host | Place::Sim => {
-            let delay = if place == Place::Sim {
-                Duration::from_micros(300)
-            } else {
-                Duration::ZERO
-            };
+        Place::Host => Engine::new(Arc::new(HostDevice::new()), host_config()),
+        Place::Sim => {
             let device = SimDevice::new(SimConfig {
-                max_copy_delay: delay,
+                max_copy_delay: Duration::from_micros(300),
                 ..SimConfig::default()
             });
-            let config = EngineConfig {
-                staging: StagingConfig::host_memory(),
-                ..EngineConfig::default()
-            };
-            Engine::new(Arc::new(device), config)
+            Engine::new(Arc::new(device), host_config())
         }
     }
     .map_err(to_py)?;
     let made = Arc::new(made);
     engines.insert(place, made.clone());
     Ok(made)
+}
+
+fn host_config() -> EngineConfig {
+    EngineConfig {
+        staging: StagingConfig::host_memory(),
+        ..EngineConfig::default()
+    }
 }

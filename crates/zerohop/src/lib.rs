@@ -20,8 +20,10 @@ pub mod safetensors;
 pub mod staging;
 pub mod stats;
 pub mod storage;
+#[cfg(feature = "testing")]
+pub mod testing;
 
-pub use device::{open_device, Device, DeviceBuffer, DeviceKind};
+pub use device::{open_device, Device, DeviceBuffer, DeviceKind, DeviceName};
 pub use engine::hot_choice;
 pub use engine::{DirectIo, Engine, EngineConfig, HotRoute, Progress, ReadCheck, WriteFilter};
 pub use error::{Error, ErrorKind, Result};

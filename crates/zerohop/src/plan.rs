@@ -3,7 +3,7 @@
 //! page-cache DMA window), each with the copies that scatter its bytes to
 //! device memory, and orders the windows into the pipelines' work.
 
-use crate::device::{DeviceAddr, DeviceBuffer};
+use crate::device::{DeviceAddr, DeviceBuffer, DeviceKind};
 use crate::engine::Route;
 use crate::storage::{FilePair, DIRECT_ALIGN};
 use crate::{Error, Result};
@@ -117,6 +117,18 @@ impl TransferPlan {
             .entry((dst.addr(), dst.len()))
             .or_insert_with(|| dst.clone());
         Ok(())
+    }
+
+    /// Refuses buffers that are not memory of `device`: its copies would
+    /// address another device's memory (on the host device, a crash).
+    pub fn check_device(&self, device: DeviceKind) -> Result<()> {
+        match self.buffers.values().find(|b| b.device() != device) {
+            Some(b) => Err(Error::invalid(format!(
+                "a buffer of {} cannot take part in a transfer on {device}",
+                b.device()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The framework streams whose queued work must finish before this

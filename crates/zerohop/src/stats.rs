@@ -40,6 +40,9 @@ pub struct TransferStats {
     pub page_cache_dma_bytes: u64,
     /// Host staging memory held during the transfer.
     pub staging_bytes: u64,
+    /// Whether the staging slots were pinned memory that the device copies
+    /// by DMA (a GPU), rather than host memory the CPU copies.
+    pub pinned_staging: bool,
     pub io_threads: usize,
     pub files: usize,
     pub windows: usize,
@@ -122,7 +125,8 @@ impl TransferStats {
                 "nothing to move, files synced".into()
             } else {
                 format!(
-                    "staged (async copy -> pinned slots -> {} {}) + fsync",
+                    "staged ({} -> {} {}) + fsync",
+                    self.staging_words(true),
                     self.backend,
                     match (self.direct_bytes > 0, self.buffered_bytes > 0) {
                         (true, true) => "O_DIRECT and buffered",
@@ -136,14 +140,16 @@ impl TransferStats {
         }
         if self.direct_bytes > 0 {
             parts.push(format!(
-                "staged ({} O_DIRECT -> pinned slots -> async copy)",
-                self.backend
+                "staged ({} O_DIRECT -> {})",
+                self.backend,
+                self.staging_words(false)
             ));
         }
         if self.buffered_bytes > 0 {
             parts.push(format!(
-                "staged ({} buffered -> pinned slots -> async copy)",
-                self.backend
+                "staged ({} buffered -> {})",
+                self.backend,
+                self.staging_words(false)
             ));
         }
         if self.page_cache_dma_bytes > 0 {
@@ -156,6 +162,17 @@ impl TransferStats {
         }
         self.path = parts.join(" + ");
     }
+
+    /// The staging hop in words true to the device: pinned slots and DMA
+    /// copies on a GPU, plain host slots and CPU copies on host memory.
+    fn staging_words(&self, to_slots: bool) -> &'static str {
+        match (self.pinned_staging, to_slots) {
+            (true, false) => "pinned slots -> async copy",
+            (true, true) => "async copy -> pinned slots",
+            (false, false) => "host slots -> CPU copy",
+            (false, true) => "CPU copy -> host slots",
+        }
+    }
 }
 
 /// CPU seconds (user + system) used by this process so far.
@@ -164,20 +181,20 @@ pub fn cpu_seconds() -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
 
-/// A byte count for people: `512 B`, `4.0 MiB`, `1.5 GiB`.
+/// A byte count for people: `512 B`, `4 MiB`, `63.2 MiB`, `1.5 GiB`.
 pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    const UNITS: [(&str, u64); 4] = [
+        ("KiB", 1 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+        ("TiB", 1 << 40),
+    ];
+    let Some((name, size)) = UNITS.iter().rev().find(|(_, size)| n >= *size) else {
+        return format!("{n} B");
+    };
+    let text = format!("{:.2}", n as f64 / *size as f64);
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text} {name}")
 }
 
 #[cfg(test)]
@@ -188,7 +205,9 @@ mod tests {
     fn sizes_read_as_people_write_them() {
         assert_eq!(human_bytes(0), "0 B");
         assert_eq!(human_bytes(1023), "1023 B");
-        assert_eq!(human_bytes(4 << 20), "4.0 MiB");
+        assert_eq!(human_bytes(4 << 20), "4 MiB");
+        assert_eq!(human_bytes(66_270_000), "63.2 MiB");
+        assert_eq!(human_bytes(u64::MAX), "16777216 TiB");
         assert_eq!(human_bytes(3 << 29), "1.5 GiB");
     }
 

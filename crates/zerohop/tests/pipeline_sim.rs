@@ -6,17 +6,33 @@ mod common;
 use common::{pattern, write, TestDir};
 use std::sync::Arc;
 use std::time::Duration;
-use zerohop::device::{SimConfig, SimDevice};
 use zerohop::plan::TransferPlan;
 use zerohop::staging::StagingConfig;
-use zerohop::storage::{self, BackendKind, Fault, FaultyBackend, ReadBackend};
+use zerohop::storage::{self, BackendKind, ReadBackend};
+use zerohop::testing::{Fault, FaultyBackend, SimConfig, SimDevice};
 use zerohop::{Device, DeviceBuffer, DirectIo, Engine, EngineConfig, ErrorKind, HotRoute};
 
 fn sim(delay_us: u64) -> Arc<dyn Device> {
+    sim_with(delay_us, SimConfig::default())
+}
+
+fn sim_with(delay_us: u64, config: SimConfig) -> Arc<dyn Device> {
     Arc::new(SimDevice::new(SimConfig {
         max_copy_delay: Duration::from_micros(delay_us),
-        ..Default::default()
+        ..config
     }))
+}
+
+/// A simulated device given the page-cache DMA route, as a GPU has (no file
+/// changes under these tests, so its CPU copies from mappings are safe).
+fn sim_dma(delay_us: u64) -> Arc<dyn Device> {
+    sim_with(
+        delay_us,
+        SimConfig {
+            copies_by_dma: true,
+            ..SimConfig::default()
+        },
+    )
 }
 
 fn config(
@@ -100,7 +116,11 @@ fn scattered_extents_arrive_exactly() {
             (DirectIo::Never, HotRoute::PageCacheDma),
         ] {
             for (slot, slots, threads) in [(4096, 2, 1), (8192, 6, 3), (65536, 8, 4)] {
-                let dev = sim(30);
+                let dev = if hot == HotRoute::PageCacheDma {
+                    sim_dma(30)
+                } else {
+                    sim(30)
+                };
                 let engine = Engine::with_backend(
                     dev.clone(),
                     config(slot, slots, threads, direct, hot),
@@ -137,14 +157,7 @@ fn scattered_extents_arrive_exactly() {
                     );
                 }
                 if hot == HotRoute::PageCacheDma {
-                    // The simulated device copies with the CPU: staged, with
-                    // a note (the engine's unit tests grant it the route).
-                    assert_eq!(stats.page_cache_dma_bytes, 0);
-                    assert!(
-                        stats.notes.iter().any(|n| n.contains("copies by DMA")),
-                        "{:?}",
-                        stats.notes
-                    );
+                    assert_eq!(stats.page_cache_dma_bytes, stats.bytes);
                 }
             }
         }
@@ -480,7 +493,7 @@ fn a_file_truncated_during_a_load_is_a_clear_error() {
         assert_eq!(e.kind(), ErrorKind::Io, "{hot:?}: {e}");
         assert!(
             e.to_string()
-                .contains("shrank from 4.0 MiB to 2.0 MiB during the load"),
+                .contains("shrank from 4 MiB to 2 MiB during the load"),
             "{hot:?}: {e}"
         );
     }
@@ -520,10 +533,7 @@ fn a_file_modified_during_a_load_is_a_clear_error() {
         .unwrap();
     let mut dst = vec![0u8; 1 << 20];
     let e = engine.read_to_host(&files[0], 0, &mut dst).unwrap_err();
-    assert!(
-        e.to_string().contains("shrank from 1.0 MiB to 1000 B"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("shrank from 1 MiB to 1000 B"), "{e}");
 }
 
 /// A FIFO (or any file that is not regular) is refused at once, naming the
@@ -568,4 +578,111 @@ fn a_fifo_is_refused_without_blocking() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput);
     assert!(e.to_string().contains("FIFO"), "{e}");
+}
+
+/// A device whose copies are CPU copies never reads file mappings: asked for
+/// page-cache DMA, it stages, and the transfer says why.
+#[test]
+fn page_cache_dma_needs_a_device_that_copies_by_dma() {
+    let dir = TestDir::new("no-dma");
+    let data = pattern(1 << 20, 5);
+    let path = write(&dir.path("f"), &data);
+    let dev = sim(20);
+    let c = config(8192, 4, 2, DirectIo::Never, HotRoute::PageCacheDma);
+    let stats = load_exact(&Engine::new(dev, c).unwrap(), &path, &data);
+    assert_eq!(
+        (stats.page_cache_dma_bytes, stats.buffered_bytes),
+        (0, data.len() as u64)
+    );
+    assert!(
+        stats.notes.iter().any(|n| n.contains("copies by DMA")),
+        "{:?}",
+        stats.notes
+    );
+}
+
+#[test]
+fn auto_measures_both_hot_routes_then_keeps_the_faster() {
+    let dir = TestDir::new("dma-auto");
+    let data = pattern(3 << 20, 21);
+    let path = write(&dir.path("hot"), &data);
+    let mut c = config(65536, 8, 2, DirectIo::Auto, HotRoute::Auto);
+    c.hot_probe_bytes = 256 << 10;
+    let engine = Engine::new(sim_dma(20), c).unwrap();
+    let first = load_exact(&engine, &path, &data);
+    assert!(
+        first.notes.iter().any(|n| n.contains("hot route measured")),
+        "{:?}",
+        first.notes
+    );
+    assert!(
+        first.buffered_bytes >= 256 << 10 && first.page_cache_dma_bytes >= 256 << 10,
+        "{first:?}"
+    );
+    let second = load_exact(&engine, &path, &data);
+    assert!(
+        second.notes.iter().all(|n| n.contains("measured earlier")),
+        "{:?}",
+        second.notes
+    );
+    assert!(
+        second.buffered_bytes == 0 || second.page_cache_dma_bytes == 0,
+        "one route after the choice"
+    );
+}
+
+#[test]
+fn the_hot_choice_is_remembered_across_engines_in_a_file() {
+    let dir = TestDir::new("dma-choice");
+    let path = write(&dir.path("hot"), &pattern(2 << 20, 4));
+    let mut c = config(65536, 8, 2, DirectIo::Auto, HotRoute::Auto);
+    c.hot_probe_bytes = 128 << 10;
+    c.hot_choice_file = Some(dir.path("cache/hot-route.json"));
+    let notes = |c: EngineConfig| {
+        let engine = Engine::new(sim_dma(20), c).unwrap();
+        engine.load_files(&[&path], None).unwrap().1.notes
+    };
+    let first = notes(c.clone());
+    assert!(
+        first
+            .iter()
+            .any(|n| n.contains("measured on this transfer")),
+        "{first:?}"
+    );
+    let second = notes(c);
+    assert!(
+        second
+            .iter()
+            .any(|n| n.contains("measured earlier (kept in")),
+        "{second:?}"
+    );
+}
+
+#[test]
+fn refused_pins_fall_back_to_staging_with_a_note() {
+    let dir = TestDir::new("dma-pinfail");
+    let data = pattern(1 << 20, 8);
+    let path = write(&dir.path("f"), &data);
+    let dev = sim_with(
+        20,
+        SimConfig {
+            refuse_pin: true,
+            copies_by_dma: true,
+            ..SimConfig::default()
+        },
+    );
+    let c = config(8192, 4, 2, DirectIo::Never, HotRoute::PageCacheDma);
+    let stats = load_exact(&Engine::new(dev, c).unwrap(), &path, &data);
+    assert_eq!(
+        (stats.page_cache_dma_bytes, stats.buffered_bytes),
+        (0, data.len() as u64)
+    );
+    assert!(
+        stats
+            .notes
+            .iter()
+            .any(|n| n.contains("injected pin refusal")),
+        "{:?}",
+        stats.notes
+    );
 }

@@ -7,10 +7,10 @@ use common::{write, TestDir};
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
-use zerohop::device::{SimConfig, SimDevice};
 use zerohop::safetensors::{
     load_safetensors, serialize_header, write_synthetic, Allocation, Dtype, TensorInfo,
 };
+use zerohop::testing::{SimConfig, SimDevice};
 use zerohop::{Device, Engine, EngineConfig, ErrorKind, HotRoute};
 
 fn engine(hot: HotRoute) -> Engine {

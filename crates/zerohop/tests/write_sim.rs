@@ -8,11 +8,11 @@ use common::{pattern, TestDir};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use zerohop::device::{SimConfig, SimDevice};
 use zerohop::plan::TransferPlan;
 use zerohop::safetensors::{load_safetensors, save_safetensors, Allocation, Dtype, TensorToSave};
 use zerohop::staging::StagingConfig;
-use zerohop::storage::{FaultyWriteBackend, PwriteBackend, SinkFile, WriteFault};
+use zerohop::storage::{PwriteBackend, SinkFile};
+use zerohop::testing::{FaultyWriteBackend, SimConfig, SimDevice, WriteFault};
 use zerohop::{Device, Direction, Engine, EngineConfig, ErrorKind};
 
 fn engine(slot: usize, slots: usize, threads: usize) -> Engine {
@@ -288,13 +288,13 @@ fn borrowed_buffers_wait_for_their_stream() {
             zerohop::DeviceBuffer::borrowed_on_stream(
                 owned.addr(),
                 150_000,
-                zerohop::DeviceKind::Simulated,
+                zerohop::DeviceKind::Host,
                 7,
             ),
             zerohop::DeviceBuffer::borrowed_on_stream(
                 owned.addr() + 150_000,
                 150_000,
-                zerohop::DeviceKind::Simulated,
+                zerohop::DeviceKind::Host,
                 9,
             ),
         )
@@ -315,7 +315,7 @@ fn borrowed_buffers_wait_for_their_stream() {
         zerohop::DeviceBuffer::borrowed_on_stream(
             target.addr(),
             300_000,
-            zerohop::DeviceKind::Simulated,
+            zerohop::DeviceKind::Host,
             7,
         )
     };

@@ -4,7 +4,7 @@
 //! writes through one agent, every I/O checked.
 
 use crate::common::open_device_or_host;
-use crate::size::{human_size, parse_size};
+use crate::size::{human_bytes, parse_size};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerohop::cache_drop::drop_from_page_cache;
 use zerohop::plan::TransferPlan;
-use zerohop::{Device, DeviceBuffer, DeviceKind, Engine, EngineConfig, Error, ErrorKind, Result};
+use zerohop::{
+    Device, DeviceBuffer, DeviceKind, DeviceName, Engine, EngineConfig, Error, ErrorKind, Result,
+};
 use zerohop_client::{Client, Submission};
 use zerohop_wire::ring::{OP_READ, OP_WRITE};
 
@@ -28,8 +30,7 @@ pub struct BenchAgentArgs {
     /// Timed reads each way (through the agent, in-process).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
-    /// cuda:N, host, or auto (the first GPU, else host).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", help = zerohop::device::DEVICE_HELP)]
     pub device: String,
     /// Bytes per submitted read.
     #[arg(long, value_parser = parse_size, default_value = "64MiB")]
@@ -51,8 +52,8 @@ pub struct BenchAgentStressArgs {
     /// Directory for the clients' files (one each).
     #[arg(long)]
     pub dir: PathBuf,
-    /// Where the clients' buffers live: cuda:N, host, sim, or auto.
-    #[arg(long, default_value = "auto")]
+    // Where the clients' buffers live.
+    #[arg(long, default_value = "auto", help = zerohop::device::DEVICE_HELP)]
     pub device: String,
 }
 
@@ -144,8 +145,8 @@ fn io_err(what: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::with_source(ErrorKind::Io, what.to_string(), e)
 }
 
-/// Where a benchmark's memory is: a GPU, or host memory (the agent's
-/// simulated device route).
+/// Where a benchmark's memory is: a GPU, or host memory (the agent's host
+/// device route).
 pub fn bench(a: &BenchAgentArgs) -> Result<()> {
     let device = open_device_or_host(&a.device)?;
     let size = std::fs::metadata(&a.file)
@@ -153,7 +154,7 @@ pub fn bench(a: &BenchAgentArgs) -> Result<()> {
         .len();
     let agent = AgentProcess::start(&match device.kind() {
         DeviceKind::Cuda(n) => format!("cuda:{n}"),
-        DeviceKind::Simulated => "none".into(),
+        DeviceKind::Host => "host".into(),
     })?;
     let engine = Engine::new(
         device.clone(),
@@ -171,7 +172,7 @@ pub fn bench(a: &BenchAgentArgs) -> Result<()> {
             ""
         }
     );
-    println!("file     {} ({})", a.file.display(), human_size(size));
+    println!("file     {} ({})", a.file.display(), human_bytes(size));
     let client = Client::connect(&agent.socket).map_err(io_err("cannot connect to the agent"))?;
     // The registered buffer starts 1 MiB + 256 bytes into its allocation,
     // as a tensor from a caching allocator would.
@@ -196,7 +197,7 @@ pub fn bench(a: &BenchAgentArgs) -> Result<()> {
                 .map_err(io_err("cannot register GPU memory with the agent"))?;
             (Some(alloc), id, None)
         }
-        DeviceKind::Simulated => {
+        DeviceKind::Host => {
             let b = client
                 .create_simulated_device_buffer(size as usize)
                 .map_err(io_err("cannot make a buffer"))?;
@@ -356,17 +357,17 @@ struct ClientReport {
 }
 
 pub fn stress(a: &BenchAgentStressArgs) -> Result<()> {
-    let memory = match a.device.as_str() {
-        "auto" => match zerohop::device::CudaDevice::open(0) {
+    let memory = match a.device.parse::<DeviceName>()? {
+        DeviceName::Auto => match zerohop::device::CudaDevice::open(0) {
             Ok(_) => "cuda:0".to_string(),
             Err(_) => "sim".to_string(),
         },
-        m => m.to_string(),
+        name => name.to_string(),
     };
     let agent_device = if memory.starts_with("cuda:") {
         memory.clone()
     } else {
-        "none".into()
+        "host".into()
     };
     std::fs::create_dir_all(&a.dir).map_err(|e| Error::io(&a.dir, "cannot create", e))?;
     let agent = AgentProcess::start(&agent_device)?;

@@ -4,8 +4,7 @@
 
 use super::raw_io::{raw_read_files, raw_write_files, Source};
 use crate::common::EngineArgs;
-use crate::report;
-use crate::size::human_size;
+use crate::size::human_bytes;
 use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -81,12 +80,11 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     std::fs::create_dir_all(&a.dir).map_err(|e| Error::io(&a.dir, "cannot create", e))?;
     let engine = a.engine.engine()?;
     let threads = engine.config().io_threads;
-    let kind = engine.device().kind();
     say(format!("device   {}", engine.device().describe()));
     say(format!(
         "target   {} ({} to save)",
         a.dir.display(),
-        human_size(a.size)
+        human_bytes(a.size)
     ));
 
     // The storage limits, measured first with the same bytes. Data to save
@@ -142,7 +140,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     say(format!(
         "filled   {} regions of {} in {:.1} s (not timed)",
         regions.len(),
-        human_size(a.region.min(a.size)),
+        human_bytes(a.region.min(a.size)),
         fill.elapsed().as_secs_f64()
     ));
 
@@ -155,13 +153,10 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         "save     {save_gbps:.2} GB/s: durable after {:.2} s ({} data files, checksums and commit included) via {}",
         saved.seconds,
         saved.manifest.files.len(),
-        report::path(&saved.stats, kind)
+        saved.stats.path
     ));
     say(format!("profile  {}", saved.stats.profile.describe()));
-    say(format!(
-        "checksum {}",
-        report::checksums(&saved.checksums, kind)
-    ));
+    say(format!("checksum {}", saved.checksums));
 
     let mut cache = Vec::new();
     for f in &saved.manifest.files {
@@ -186,7 +181,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     let restore_gbps = restored.stats.gbps;
     say(format!(
         "restore  {restore_gbps:.2} GB/s into fresh device memory, every chunk verified, via {} ({restore_cache})",
-        report::path(&restored.stats, kind)
+        restored.stats.path
     ));
     let contents_match = compare(&engine, &restored, &regions, &block)?;
     say(format!(
@@ -216,7 +211,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         save_ratio_to_raw_write_from_ram: save_gbps / best_write_from_ram,
         restore_ratio_to_raw_read: restore_gbps / best_read,
         staging_bytes: saved.stats.staging_bytes,
-        checksums: report::checksums(&saved.checksums, kind),
+        checksums: saved.checksums.to_string(),
         save: saved.stats,
         restore: restored.stats,
     };
@@ -234,8 +229,8 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         );
         println!(
             "host     staging held: {} (bound: {})",
-            human_size(report.staging_bytes),
-            human_size(engine.config().staging.total_bytes as u64)
+            human_bytes(report.staging_bytes),
+            human_bytes(engine.config().staging.total_bytes as u64)
         );
     }
     if !contents_match {

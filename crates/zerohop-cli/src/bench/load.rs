@@ -4,8 +4,7 @@
 
 use super::raw_io::{raw_read, warm};
 use crate::common::{EngineArgs, HotArg};
-use crate::report;
-use crate::size::human_size;
+use crate::size::human_bytes;
 use clap::Args;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -86,7 +85,7 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
     say(format!(
         "file     {} ({}), {mode}",
         a.file.display(),
-        human_size(size)
+        human_bytes(size)
     ));
     say(format!("device   {}", device.describe()));
 
@@ -182,9 +181,7 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
             staging_bytes = staging_bytes.max(stats.staging_bytes);
             say(format!(
                 "run      {label:<15} #{i}: {:.2} GB/s ({:.3} s) via {}",
-                stats.gbps,
-                stats.seconds,
-                report::path(&stats, device.kind())
+                stats.gbps, stats.seconds, stats.path
             ));
             say(format!("profile  {}", stats.profile.describe()));
             for n in &stats.notes {
@@ -222,8 +219,8 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
         println!("result   best {best:.2} GB/s = {:.1}% of pinned H2D, {:.1}% of the best raw read ({best_raw:.2} GB/s)", 100.0 * report.ratio_to_h2d, 100.0 * report.ratio_to_best_raw_read);
         println!(
             "host     staging held: {} (bound: {})",
-            human_size(staging_bytes),
-            human_size(a.engine.config().staging.total_bytes as u64)
+            human_bytes(staging_bytes),
+            human_bytes(a.engine.config().staging.total_bytes as u64)
         );
         if let Some(how) = cache_drop {
             println!("cold     page cache emptied with {how:?} before each timed read");

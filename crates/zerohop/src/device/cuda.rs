@@ -1,5 +1,6 @@
 use super::{
-    CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceKind, Fence, HostPin, StagingMemory,
+    wait_for_buffer_streams, CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceChecksums,
+    DeviceKind, Fence, HostPin, StagingMemory,
 };
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -89,6 +90,10 @@ impl Device for CudaDevice {
         }))
     }
 
+    fn copies_by_dma(&self) -> bool {
+        true
+    }
+
     unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>> {
         // SAFETY: forwarded contract: the caller keeps the range mapped while
         // the pin lives and outlives its copies.
@@ -117,8 +122,43 @@ impl Device for CudaDevice {
         })
     }
 
-    fn hashes_xxh3(&self) -> Result<bool> {
-        self.xxh3_kernel().map(|_| true)
+    fn checksums(&self) -> Option<&dyn DeviceChecksums> {
+        Some(self)
+    }
+
+    fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let src = src.slice(offset, dst.len())?;
+        // Borrowed buffers have no `DeviceAllocation` to call; copy through a
+        // synchronous stream copy into pinned memory instead.
+        let mut pinned = PinnedBuffer::new(&self.ctx, dst.len())?;
+        let stream = Stream::new(&self.ctx)?;
+        // SAFETY: the source range is `src` (a checked slice), the pinned
+        // destination is ours, and we synchronize before reading it.
+        unsafe { stream.copy_d2h(src.addr(), pinned.as_mut_ptr(), dst.len())? };
+        stream.synchronize()?;
+        // SAFETY: `pinned` holds `dst.len()` initialised bytes after the sync.
+        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(pinned.as_ptr(), dst.len()) });
+        Ok(())
+    }
+
+    fn write_from_host(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
+        let dst = dst.slice(offset, src.len())?;
+        let mut pinned = PinnedBuffer::new(&self.ctx, src.len())?;
+        // SAFETY: `pinned` holds `src.len()` writable bytes that we own.
+        unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr(), src.len()) }
+            .copy_from_slice(src);
+        let stream = Stream::new(&self.ctx)?;
+        // SAFETY: the destination is a checked slice of a live buffer, the
+        // source our pinned copy, and we synchronize before dropping either.
+        unsafe { stream.copy_h2d(pinned.as_ptr(), dst.addr(), src.len())? };
+        stream.synchronize()?;
+        Ok(())
+    }
+}
+
+impl DeviceChecksums for CudaDevice {
+    fn ready(&self) -> Result<()> {
+        self.xxh3_kernel().map(|_| ())
     }
 
     fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
@@ -130,6 +170,7 @@ impl Device for CudaDevice {
                 self.kind()
             )));
         }
+        wait_for_buffer_streams(self, chunks)?;
         let len = |c: &Vec<DeviceBuffer>| c.iter().map(|b| b.len() as u64).sum::<u64>();
         // XXH3 hashes short inputs differently; the kernel does long ones
         // only, and short chunks (file tails) are few and small.
@@ -165,35 +206,6 @@ impl Device for CudaDevice {
             sums.push(twox_hash::XxHash3_64::oneshot(&bytes));
         }
         Ok(sums)
-    }
-
-    fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let src = src.slice(offset, dst.len())?;
-        // Borrowed buffers have no `DeviceAllocation` to call; copy through a
-        // synchronous stream copy into pinned memory instead.
-        let mut pinned = PinnedBuffer::new(&self.ctx, dst.len())?;
-        let stream = Stream::new(&self.ctx)?;
-        // SAFETY: the source range is `src` (a checked slice), the pinned
-        // destination is ours, and we synchronize before reading it.
-        unsafe { stream.copy_d2h(src.addr(), pinned.as_mut_ptr(), dst.len())? };
-        stream.synchronize()?;
-        // SAFETY: `pinned` holds `dst.len()` initialised bytes after the sync.
-        dst.copy_from_slice(unsafe { std::slice::from_raw_parts(pinned.as_ptr(), dst.len()) });
-        Ok(())
-    }
-
-    fn write_from_host(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
-        let dst = dst.slice(offset, src.len())?;
-        let mut pinned = PinnedBuffer::new(&self.ctx, src.len())?;
-        // SAFETY: `pinned` holds `src.len()` writable bytes that we own.
-        unsafe { std::slice::from_raw_parts_mut(pinned.as_mut_ptr(), src.len()) }
-            .copy_from_slice(src);
-        let stream = Stream::new(&self.ctx)?;
-        // SAFETY: the destination is a checked slice of a live buffer, the
-        // source our pinned copy, and we synchronize before dropping either.
-        unsafe { stream.copy_h2d(pinned.as_ptr(), dst.addr(), src.len())? };
-        stream.synchronize()?;
-        Ok(())
     }
 }
 

@@ -1,13 +1,21 @@
 //! The memory side: a [`Device`] owns device memory, pinned staging memory
-//! and copy queues. Two implementations share this interface: CUDA, and a
-//! simulated device (host memory, copies done later by a worker thread) that
-//! runs the same pipeline in CI and makes ordering bugs visible.
+//! and copy queues. Two production implementations share this interface:
+//! CUDA, and host memory standing in for device memory ([`HostDevice`]).
+//! The simulated device that makes ordering bugs visible in CI lives in
+//! `zerohop::testing` (cargo feature `testing`).
 
+mod checksums;
 mod cuda;
-mod sim;
+mod host;
+mod name;
 
+pub(crate) use checksums::wait_for_buffer_streams;
+pub use checksums::DeviceChecksums;
 pub use cuda::{cuda_driver_summary, CudaDevice};
-pub use sim::{SimConfig, SimDevice};
+pub use host::HostDevice;
+#[cfg(feature = "testing")]
+pub(crate) use host::HostMemory;
+pub use name::{open_device, open_gpu, DeviceName, DEVICE_HELP};
 
 use crate::Result;
 use std::any::Any;
@@ -23,15 +31,16 @@ pub type DeviceAddr = u64;
 pub enum DeviceKind {
     /// A CUDA GPU by ordinal.
     Cuda(usize),
-    /// Host memory standing in for a GPU.
-    Simulated,
+    /// Host memory standing in for a GPU (the host device, or the
+    /// simulated one).
+    Host,
 }
 
 impl fmt::Display for DeviceKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceKind::Cuda(n) => write!(f, "cuda:{n}"),
-            DeviceKind::Simulated => f.write_str("host (simulated device)"),
+            DeviceKind::Host => f.write_str("host"),
         }
     }
 }
@@ -139,6 +148,14 @@ impl DeviceBuffer {
         self.device
     }
 
+    /// This buffer, with transfers waiting for `stream` first (see
+    /// [`DeviceBuffer::borrowed_on_stream`], whose contract the caller
+    /// keeps).
+    pub(crate) fn on_stream(mut self, stream: Option<u64>) -> Self {
+        self.stream = stream;
+        self
+    }
+
     /// A sub-range of this buffer sharing its ownership.
     pub fn slice(&self, offset: usize, len: usize) -> Result<DeviceBuffer> {
         match offset.checked_add(len) {
@@ -200,7 +217,7 @@ pub trait CopyQueue: Send {
 /// Host memory pinned for direct device access until dropped.
 pub trait HostPin: Send + Sync {}
 
-/// A GPU, or its simulation.
+/// A GPU, or host memory standing in for one.
 pub trait Device: Send + Sync {
     fn kind(&self) -> DeviceKind;
 
@@ -214,6 +231,13 @@ pub trait Device: Send + Sync {
     fn alloc_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>>;
 
     fn new_queue(&self) -> Result<Box<dyn CopyQueue>>;
+
+    /// Whether this device's copies from host memory are done by DMA
+    /// hardware (a GPU's copy engines), not by the CPU. Only then may copies
+    /// read a file's page-cache pages in place: a CPU copy from the mapping
+    /// of a file truncated meanwhile would kill the process with SIGBUS,
+    /// while a GPU copies from pages it pinned and reports an error.
+    fn copies_by_dma(&self) -> bool;
 
     /// Pins existing host memory (e.g. a read-only file mapping) so copies
     /// can read it directly. `None` when this device cannot do that.
@@ -233,10 +257,9 @@ pub trait Device: Send + Sync {
     /// Wraps `addr..addr+len`, memory a framework allocated on this device
     /// (a tensor's storage), for transfers; with `stream`, transfers first
     /// wait for the work queued on it (see
-    /// [`DeviceBuffer::borrowed_on_stream`]). The simulated device's memory
-    /// is host memory: there it registers the range for its copy checks,
-    /// refusing one that overlaps memory it already knows, until the last
-    /// clone of the buffer drops.
+    /// [`DeviceBuffer::borrowed_on_stream`]). The simulated device
+    /// registers the range for its copy checks, refusing one that overlaps
+    /// memory it already knows, until the last clone of the buffer drops.
     ///
     /// # Safety
     /// As [`DeviceBuffer::borrowed_on_stream`]: the range is memory of this
@@ -249,18 +272,12 @@ pub trait Device: Send + Sync {
         stream: Option<u64>,
     ) -> Result<DeviceBuffer>;
 
-    /// Whether [`Device::xxh3_64`] runs on this device (a GPU loads its
-    /// kernel on the first call); an error says why it cannot. Where it
-    /// does not, callers hash the bytes on the host as they pass through
-    /// staging.
-    fn hashes_xxh3(&self) -> Result<bool>;
-
-    /// XXH3-64 (seed 0) of each chunk, a chunk being its buffers' bytes one
-    /// after another, computed where the memory is (a kernel on a GPU; only
-    /// chunks of 240 bytes or less are read back and hashed on the host).
-    /// Buffers that are not this device's memory are an error, as is a
-    /// device where [`Device::hashes_xxh3`] is not true.
-    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>>;
+    /// Checksums computed where the memory is; `None` where this device
+    /// cannot (callers hash the bytes on the host as they pass through
+    /// staging).
+    fn checksums(&self) -> Option<&dyn DeviceChecksums> {
+        None
+    }
 
     /// Copies device memory back to the host, synchronously (for `--verify`).
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()>;
@@ -268,18 +285,4 @@ pub trait Device: Send + Sync {
     /// Copies host bytes into device memory, synchronously (tests, benchmark
     /// fills, small host-side data).
     fn write_from_host(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()>;
-}
-
-/// Opens the device named by `spec`: `cuda`, `cuda:N`, or `host`.
-pub fn open_device(spec: &str) -> Result<Arc<dyn Device>> {
-    match spec {
-        "host" | "cpu" | "sim" => Ok(Arc::new(SimDevice::new(SimConfig::default()))),
-        "cuda" => Ok(Arc::new(CudaDevice::open(0)?)),
-        s => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => Ok(Arc::new(CudaDevice::open(n)?)),
-            _ => Err(crate::Error::invalid(format!(
-                "unknown device {s:?}: expected cuda, cuda:N or host"
-            ))),
-        },
-    }
 }

@@ -43,6 +43,7 @@ impl Engine {
         let started = Instant::now();
         let cpu_before = crate::stats::cpu_seconds();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        plan.check_device(self.device.kind())?;
         self.wait_for_streams(plan.streams())?;
         let routes: Vec<FileRoute> = files
             .iter()
@@ -78,6 +79,7 @@ impl Engine {
             buffered_bytes: done.moved.buffered,
             page_cache_dma_bytes: done.moved.page_cache_dma,
             staging_bytes: pool.bytes(),
+            pinned_staging: self.device.copies_by_dma(),
             io_threads: done.threads,
             files: files.len(),
             windows: done.windows,

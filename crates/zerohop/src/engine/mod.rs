@@ -11,8 +11,6 @@ mod load;
 mod page_cache_dma;
 mod read_pipeline;
 mod route;
-#[cfg(test)]
-mod tests;
 mod workers;
 mod write;
 mod write_pipeline;
@@ -43,7 +41,7 @@ pub struct Engine {
     writer: Arc<dyn WriteBackend>,
     config: EngineConfig,
     /// Whether the device's copies may read file mappings (see
-    /// `route::copies_by_dma`): the page-cache DMA route needs it.
+    /// `Device::copies_by_dma`): the page-cache DMA route needs it.
     dma_copies: bool,
     /// What the hot routes measured, once measured (or read from
     /// `hot_choice_file`).
@@ -85,7 +83,7 @@ impl Engine {
             _ => None,
         };
         Ok(Engine {
-            dma_copies: route::copies_by_dma(device.as_ref()),
+            dma_copies: device.copies_by_dma(),
             device,
             pool: Mutex::new(pool),
             backend,

@@ -5,7 +5,7 @@
 //! file in one call, overlaps pinning with copying and bounds what is pinned:
 //! on the reference machine it ran at ~13 GB/s against ~9 GB/s for one
 //! whole-file registration (2026-11-30, bench/results). Only devices that
-//! copy by DMA take this route (see `route::copies_by_dma`).
+//! copy by DMA take this route (see `Device::copies_by_dma`).
 
 use super::route::{Route, STAGED};
 use crate::plan::Extent;

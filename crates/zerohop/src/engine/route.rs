@@ -6,7 +6,6 @@
 use super::hot_choice::{self, HotChoice};
 use super::load::Phase;
 use super::{DirectIo, Engine, Progress};
-use crate::device::{Device, DeviceKind};
 use crate::plan::{split_extents, Extent};
 use crate::staging::StagingPool;
 use crate::storage::{IoMode, SourceFile};
@@ -46,15 +45,6 @@ pub(super) enum FileRoute {
     Fixed(Route),
     /// In the page cache, with `HotRoute::Auto`: the engine's measured choice.
     MeasuredHot,
-}
-
-/// Whether `device`'s copies from host memory are done by DMA hardware. Only
-/// then may they read a file's mapping: a CPU copy (host memory, the
-/// simulated device) from a file truncated meanwhile would kill the process
-/// with SIGBUS, while a GPU copies from pages it pinned. (A device
-/// capability flag is to replace this test of the kind.)
-pub(super) fn copies_by_dma(device: &dyn Device) -> bool {
-    matches!(device.kind(), DeviceKind::Cuda(_))
 }
 
 /// The note a transfer carries when page-cache DMA was asked for on a device

@@ -5,7 +5,7 @@ use super::{Engine, Progress};
 use crate::plan::{interleave_files, windows, TransferPlan};
 use crate::stats::{Direction, TransferStats};
 use crate::storage::{sync_dir, IoMode, SinkFile, DIRECT_ALIGN};
-use crate::{DeviceBuffer, Error, ErrorKind, Result};
+use crate::{Error, ErrorKind, Result};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
@@ -29,6 +29,7 @@ impl Engine {
         let cpu_before = crate::stats::cpu_seconds();
         check_disjoint(files, plan)?;
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        plan.check_device(self.device.kind())?;
         self.wait_for_streams(plan.streams())?;
         let slot_bytes = pool.config().slot_bytes as u64;
         let windows = interleave_files(windows(plan.extents(), slot_bytes, DIRECT_ALIGN));
@@ -61,6 +62,7 @@ impl Engine {
             skipped_bytes: written.skipped,
             sync_seconds: synced.elapsed().as_secs_f64(),
             staging_bytes: pool.bytes(),
+            pinned_staging: self.device.copies_by_dma(),
             io_threads: threads,
             files: files.len(),
             windows: job.windows.len(),
@@ -73,23 +75,6 @@ impl Engine {
         );
         stats.finish(started, cpu_before);
         Ok(stats)
-    }
-
-    /// XXH3-64 (seed 0) of each chunk of device memory, a chunk being its
-    /// buffers' bytes one after another, computed by the device once the
-    /// work queued on the buffers' streams is done; an error where the
-    /// device cannot (see [`crate::Device::hashes_xxh3`]). Checkpoint saves
-    /// hash this way so the host never reads the bytes to hash them.
-    pub fn device_xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
-        // The device refuses buffers that are not its own.
-        self.wait_for_streams(
-            chunks
-                .iter()
-                .flatten()
-                .filter_map(DeviceBuffer::stream)
-                .collect(),
-        )?;
-        self.device.xxh3_64(chunks)
     }
 
     /// Writes host bytes (a header, small metadata) into `file` at `offset`

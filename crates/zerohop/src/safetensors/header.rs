@@ -1,7 +1,9 @@
 use crate::storage::SourceFile;
 use crate::{Error, Result};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
 
 /// Headers larger than this are refused (the reference implementation's
 /// limit): a hostile length must not make us allocate gigabytes.
@@ -168,9 +170,15 @@ pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
     let json = bytes
         .get(8..8 + n as usize)
         .ok_or_else(|| Error::format(format!("header of {n} bytes is incomplete")))?;
-    let root: Map<String, Value> = serde_json::from_slice(json).map_err(|e| {
+    let HeaderEntries(root) = serde_json::from_slice(json).map_err(|e| {
         Error::with_source(crate::ErrorKind::Format, "header is not a JSON object", e)
     })?;
+    let mut names = HashSet::with_capacity(root.len());
+    if let Some((name, _)) = root.iter().find(|(name, _)| !names.insert(name.as_str())) {
+        return Err(Error::format(format!(
+            "the header names {name:?} more than once"
+        )));
+    }
     let data_start = 8 + n;
     let data_len = file_len - data_start;
     let mut metadata = BTreeMap::new();
@@ -211,6 +219,33 @@ pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
         data_start,
         data_len,
     })
+}
+
+/// The header's top-level entries in file order, repeated names included
+/// (a JSON map would silently keep only the last of them).
+struct HeaderEntries(Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for HeaderEntries {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = HeaderEntries;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<HeaderEntries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(HeaderEntries(entries))
+            }
+        }
+        d.deserialize_map(Entries)
+    }
 }
 
 fn parse_metadata(v: &Value) -> Result<BTreeMap<String, String>> {
@@ -420,6 +455,19 @@ mod tests {
             let e = err(json, data);
             assert!(e.contains(needle), "{json}: {e}");
         }
+    }
+
+    #[test]
+    fn a_name_given_twice_is_reported_as_such() {
+        let twice = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},
+                        "b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]},
+                        "a":{"dtype":"U8","shape":[4],"data_offsets":[8,12]}}"#;
+        let e = err(twice, 12);
+        assert!(e.contains(r#"names "a" more than once"#), "{e}");
+        assert!(!e.contains("gap"), "{e}");
+        let metadata_twice = r#"{"__metadata__":{"k":"v"},"__metadata__":{"k":"w"}}"#;
+        let e = err(metadata_twice, 0);
+        assert!(e.contains(r#"names "__metadata__" more than once"#), "{e}");
     }
 
     #[test]

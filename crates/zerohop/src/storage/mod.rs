@@ -1,10 +1,9 @@
 //! The storage side: opened source files and interchangeable read backends
-//! (io_uring, a plain `pread` loop, and a fault-injecting wrapper for tests),
-//! files being written with their write backends, and file mappings with
-//! their page-cache residency.
+//! (io_uring and a plain `pread` loop), and files being written with their
+//! write backends. Fault-injecting wrappers for tests are in
+//! `zerohop::testing`.
 
 pub mod atomic;
-mod fault;
 mod fds;
 mod file;
 mod mapping;
@@ -12,7 +11,6 @@ mod psync;
 mod sink;
 mod uring;
 
-pub use fault::{Fault, FaultyBackend, FaultyWriteBackend, WriteFault};
 pub(crate) use fds::open_regular;
 pub use fds::{regular_file_len, reopen_direct, FilePair};
 pub use file::{IoMode, SourceFile};

@@ -4,11 +4,11 @@
 //! fails its tests. Every copy is checked against the live allocations: a
 //! copy outside them is an error, never a stray write.
 
-use super::{
-    CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceKind, Fence, HostPin, StagingMemory,
+use crate::device::{
+    wait_for_buffer_streams, CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceChecksums,
+    DeviceKind, Fence, HostMemory, HostPin, StagingMemory,
 };
 use crate::{Error, ErrorKind, Result};
-use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::hash::Hasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +38,10 @@ pub struct SimConfig {
     /// Hashing fails, as a kernel launch might (the device still says it
     /// hashes).
     pub fail_checksums: bool,
+    /// Claim DMA copies, so engines give it the page-cache DMA route. Its
+    /// copies are still CPU copies: only for tests where no file changes
+    /// under a load (a truncated file would crash the process).
+    pub copies_by_dma: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +114,6 @@ impl SimDevice {
     }
 
     fn alloc_region(&self, len: usize, kind: Region) -> Result<HostAlloc> {
-        let layout = Layout::from_size_align(len.max(1), 4096)
-            .map_err(|_| Error::invalid(format!("cannot allocate {len} bytes")))?;
         let mut reg = self.registry.lock().unwrap();
         if kind == Region::Device {
             if let Some(limit) = self.config.memory_limit {
@@ -126,59 +128,49 @@ impl SimDevice {
             }
             reg.device_bytes += len as u64;
         }
-        // SAFETY: the layout has non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::new(
-                ErrorKind::OutOfMemory,
-                format!("host allocation of {len} bytes failed"),
-            ));
-        }
-        reg.ranges.insert(ptr as u64, (len as u64, kind));
+        let mem = match HostMemory::zeroed(len) {
+            Ok(mem) => mem,
+            Err(e) => {
+                if kind == Region::Device {
+                    reg.device_bytes -= len as u64;
+                }
+                return Err(e);
+            }
+        };
+        reg.ranges.insert(mem.addr(), (len as u64, kind));
         Ok(HostAlloc {
-            ptr,
-            layout,
-            len,
+            mem,
             registry: self.registry.clone(),
             device_bytes: kind == Region::Device,
         })
     }
 }
 
-/// A registered host allocation; unregistered and freed on drop.
+/// A registered host allocation; unregistered on drop, before its memory
+/// is freed (the field drops after `drop` returns), so no copy can target
+/// it once freed.
 struct HostAlloc {
-    ptr: *mut u8,
-    layout: Layout,
-    len: usize,
+    mem: HostMemory,
     registry: Arc<Mutex<Registry>>,
     device_bytes: bool,
 }
 
-// SAFETY: plain owned memory; the raw pointer is only shared with the copy
-// worker under the registry lock.
-unsafe impl Send for HostAlloc {}
-// SAFETY: as above.
-unsafe impl Sync for HostAlloc {}
-
 impl Drop for HostAlloc {
     fn drop(&mut self) {
         let mut reg = self.registry.lock().unwrap();
-        reg.ranges.remove(&(self.ptr as u64));
+        reg.ranges.remove(&self.mem.addr());
         if self.device_bytes {
-            reg.device_bytes -= self.len as u64;
+            reg.device_bytes -= self.mem.len() as u64;
         }
-        // SAFETY: allocated with this layout in `alloc_region`; removed from
-        // the registry under the lock, so no copy can still target it.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
     }
 }
 
 impl StagingMemory for HostAlloc {
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr
+        self.mem.as_mut_ptr()
     }
     fn len(&self) -> usize {
-        self.len
+        self.mem.len()
     }
 }
 
@@ -197,7 +189,7 @@ impl Drop for RegisteredRange {
 
 impl Device for SimDevice {
     fn kind(&self) -> DeviceKind {
-        DeviceKind::Simulated
+        DeviceKind::Host
     }
 
     fn describe(&self) -> String {
@@ -207,9 +199,9 @@ impl Device for SimDevice {
     fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
         let a = self.alloc_region(len, Region::Device)?;
         Ok(DeviceBuffer::owned(
-            a.ptr as u64,
+            a.mem.addr(),
             len,
-            DeviceKind::Simulated,
+            DeviceKind::Host,
             Arc::new(a),
         ))
     }
@@ -236,6 +228,10 @@ impl Device for SimDevice {
             accepted: self.accepted.clone(),
             fail_enqueue: self.config.fail_enqueue,
         }))
+    }
+
+    fn copies_by_dma(&self) -> bool {
+        self.config.copies_by_dma
     }
 
     unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>> {
@@ -287,41 +283,15 @@ impl Device for SimDevice {
             start: addr,
             registry: self.registry.clone(),
         };
-        let mut buf = DeviceBuffer::owned(addr, len, self.kind(), Arc::new(guard));
-        buf.stream = stream;
-        Ok(buf)
+        Ok(DeviceBuffer::owned(addr, len, self.kind(), Arc::new(guard)).on_stream(stream))
     }
 
-    fn hashes_xxh3(&self) -> Result<bool> {
-        Ok(!self.config.no_checksum_kernel)
-    }
-
-    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
+    fn checksums(&self) -> Option<&dyn DeviceChecksums> {
         if self.config.no_checksum_kernel {
-            return Err(Error::new(ErrorKind::Device, "no checksum kernel"));
+            None
+        } else {
+            Some(self)
         }
-        if self.config.fail_checksums {
-            return Err(Error::new(ErrorKind::Device, "injected checksum failure"));
-        }
-        let mut sums = Vec::with_capacity(chunks.len());
-        for chunk in chunks {
-            let mut hasher = twox_hash::XxHash3_64::with_seed(0);
-            for b in chunk.iter().filter(|b| !b.is_empty()) {
-                // Held per piece, not per call: copies need the lock too.
-                let reg = self.registry.lock().unwrap();
-                if !reg.contains(b.addr(), b.len() as u64, &[Region::Device]) {
-                    return Err(Error::new(
-                        ErrorKind::Device,
-                        "checksum of memory outside live simulated memory",
-                    ));
-                }
-                // SAFETY: the range lies in a live device allocation
-                // (checked under the lock that frees hold).
-                hasher.write(unsafe { std::slice::from_raw_parts(b.addr() as *const u8, b.len()) });
-            }
-            sums.push(hasher.finish());
-        }
-        Ok(sums)
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
@@ -352,6 +322,38 @@ impl Device for SimDevice {
         // the lock that frees hold), and `src` is a separate host slice.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
         Ok(())
+    }
+}
+
+impl DeviceChecksums for SimDevice {
+    fn ready(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
+        wait_for_buffer_streams(self, chunks)?;
+        if self.config.fail_checksums {
+            return Err(Error::new(ErrorKind::Device, "injected checksum failure"));
+        }
+        let mut sums = Vec::with_capacity(chunks.len());
+        for chunk in chunks {
+            let mut hasher = twox_hash::XxHash3_64::with_seed(0);
+            for b in chunk.iter().filter(|b| !b.is_empty()) {
+                // Held per piece, not per call: copies need the lock too.
+                let reg = self.registry.lock().unwrap();
+                if !reg.contains(b.addr(), b.len() as u64, &[Region::Device]) {
+                    return Err(Error::new(
+                        ErrorKind::Device,
+                        "checksum of memory outside live simulated memory",
+                    ));
+                }
+                // SAFETY: the range lies in a live device allocation
+                // (checked under the lock that frees hold).
+                hasher.write(unsafe { std::slice::from_raw_parts(b.addr() as *const u8, b.len()) });
+            }
+            sums.push(hasher.finish());
+        }
+        Ok(sums)
     }
 }
 

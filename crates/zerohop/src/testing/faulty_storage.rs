@@ -1,4 +1,7 @@
-use super::{BlockReader, IoMode, ReadBackend, SinkFile, SourceFile, WriteBackend};
+//! Storage backends that inject faults: failed and short reads, full disks,
+//! failed writes and `fsync`s.
+
+use crate::storage::{BlockReader, IoMode, ReadBackend, SinkFile, SourceFile, WriteBackend};
 use std::io;
 use std::sync::Arc;
 

@@ -1,0 +1,175 @@
+//! The save's layout step: which data file each region goes to, where in
+//! it, and the fixed-size chunks each data file is checksummed by.
+
+use crate::manifest::{chunk_checksum, Chunk, DataFile, Entry};
+use crate::request::{Region, SaveOptions};
+use std::path::Path;
+use std::sync::Mutex;
+use zerohop::plan::TransferPlan;
+use zerohop::safetensors::{layout, TensorToSave};
+use zerohop::storage::SinkFile;
+use zerohop::{DeviceBuffer, Engine, Result};
+
+/// A new checkpoint's data files, created and sized, and what goes where.
+pub(crate) struct SaveLayout {
+    /// The data files, open for writing.
+    pub files: Vec<SinkFile>,
+    /// Every region's bytes to their place in the data files.
+    pub plan: TransferPlan,
+    pub data_files: Vec<DataFile>,
+    pub entries: Vec<Entry>,
+    /// Per data file: each tensor's file offset and bytes, in file order.
+    pub placed: Vec<Vec<(u64, DeviceBuffer)>>,
+    /// Every chunk of every data file, in file order.
+    pub slots: Vec<ChunkSlot>,
+}
+
+impl SaveLayout {
+    /// Spreads `regions` over data files in `dir`, creates them and writes
+    /// their headers.
+    pub fn new(
+        engine: &Engine,
+        regions: &[Region],
+        dir: &Path,
+        opts: &SaveOptions,
+    ) -> Result<SaveLayout> {
+        let n = opts
+            .shards
+            .unwrap_or(engine.config().io_threads)
+            .clamp(1, regions.len().max(1));
+        let mut metadata = opts.metadata.clone();
+        metadata.insert("format".into(), "zerohop-checkpoint".into());
+        let mut files = Vec::new();
+        let mut plan = TransferPlan::new();
+        let mut data_files = Vec::new();
+        let mut entries = Vec::new();
+        let mut placed = Vec::new();
+        for (s, members) in shard(regions, n).into_iter().enumerate() {
+            let tensors: Vec<TensorToSave> =
+                members.iter().map(|&i| regions[i].to_save()).collect();
+            let layout = layout(&tensors, &metadata)?;
+            let name = format!("data-{s:05}.safetensors");
+            layout.start_file(engine, &dir.join(&name), &tensors, &mut files, &mut plan)?;
+            placed.push(
+                tensors
+                    .iter()
+                    .zip(&layout.tensors)
+                    .map(|(t, info)| (layout.data_start + info.begin, t.data.clone()))
+                    .collect(),
+            );
+            for (&i, info) in members.iter().zip(&layout.tensors) {
+                let r = &regions[i];
+                entries.push(Entry {
+                    name: r.name.clone(),
+                    dtype: r.tensor.as_ref().map(|(d, _)| d.name().to_string()),
+                    shape: r.tensor.as_ref().map(|(_, s)| s.clone()),
+                    bytes: info.len(),
+                    file: s,
+                    offset: layout.data_start + info.begin,
+                });
+            }
+            data_files.push(DataFile {
+                name,
+                bytes: layout.file_len,
+                header_bytes: layout.data_start,
+                header_xxh3: chunk_checksum(&layout.header),
+            });
+        }
+        let slots = chunk_slots(&data_files, opts.chunk_bytes);
+        Ok(SaveLayout {
+            files,
+            plan,
+            data_files,
+            entries,
+            placed,
+            slots,
+        })
+    }
+
+    /// Each chunk's bytes as slices of the tensors it overlaps, in order.
+    pub fn chunk_pieces(&self) -> Result<Vec<Vec<DeviceBuffer>>> {
+        let mut chunks = Vec::with_capacity(self.slots.len());
+        for c in &self.slots {
+            let tensors = &self.placed[c.file];
+            let end = c.offset + c.len;
+            // From the last tensor starting at or before the chunk, while
+            // they start before its end.
+            let first = tensors.partition_point(|(at, _)| *at <= c.offset).max(1) - 1;
+            let mut pieces = Vec::new();
+            for (at, data) in tensors[first..].iter().take_while(|(at, _)| *at < end) {
+                let from = c.offset.max(*at);
+                let to = end.min(at + data.len() as u64);
+                if from < to {
+                    pieces.push(data.slice((from - at) as usize, (to - from) as usize)?);
+                }
+            }
+            debug_assert_eq!(
+                pieces.iter().map(|p| p.len() as u64).sum::<u64>(),
+                c.len,
+                "a chunk's pieces must cover it"
+            );
+            chunks.push(pieces);
+        }
+        Ok(chunks)
+    }
+}
+
+/// Splits regions over `n` shards, largest first onto the lightest shard,
+/// keeping the callers' order inside each shard (so equal inputs give equal
+/// layouts, which incremental saves rely on).
+fn shard(regions: &[Region], n: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..regions.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(regions[i].data.len()));
+    let mut load = vec![0u64; n];
+    let mut shards = vec![Vec::new(); n];
+    for i in order {
+        let lightest = (0..n).min_by_key(|&s| (load[s], s)).expect("n >= 1");
+        load[lightest] += regions[i].data.len() as u64;
+        shards[lightest].push(i);
+    }
+    for s in &mut shards {
+        s.sort_unstable();
+    }
+    shards
+}
+
+/// One chunk's place, and what the save learned of it.
+pub(crate) struct ChunkSlot {
+    pub file: usize,
+    pub offset: u64,
+    pub len: u64,
+    /// Its checksum and the checkpoint holding its bytes (`None`: this
+    /// one), once the write filter has seen it.
+    pub seen: Mutex<Option<(String, Option<String>)>>,
+}
+
+impl ChunkSlot {
+    pub fn chunk(&self, xxh3: String, stored_in: Option<String>) -> Chunk {
+        Chunk {
+            file: self.file,
+            offset: self.offset,
+            len: self.len,
+            xxh3,
+            stored_in,
+        }
+    }
+}
+
+/// Every chunk of every data file, in file order.
+fn chunk_slots(files: &[DataFile], chunk_bytes: u64) -> Vec<ChunkSlot> {
+    let mut out = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        let mut at = f.header_bytes;
+        while at < f.bytes {
+            let end = ((at / chunk_bytes + 1) * chunk_bytes).min(f.bytes);
+            out.push(ChunkSlot {
+                file: i,
+                offset: at,
+                len: end - at,
+                seen: Mutex::new(None),
+            });
+            at = end;
+        }
+    }
+    out
+}

@@ -1,0 +1,178 @@
+//! Device names, one parser for the CLI, the Python package and the agent.
+
+use super::{CudaDevice, Device, HostDevice};
+use crate::{Error, ErrorKind, Result};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// What the names mean, for help texts and errors.
+pub const DEVICE_HELP: &str = "auto (the first GPU, else host memory), cuda (= cuda:0), cuda:N, \
+     host or cpu (host memory), or sim (host memory through the simulated device, for tests)";
+
+/// A device as users name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceName {
+    /// The first GPU, else host memory.
+    Auto,
+    /// A CUDA GPU by ordinal (`cuda` is `cuda:0`).
+    Cuda(usize),
+    /// Host memory (`host` or `cpu`).
+    Host,
+    /// Host memory through the simulated device (feature `testing`).
+    Sim,
+}
+
+impl FromStr for DeviceName {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DeviceName::Auto),
+            "cuda" => Ok(DeviceName::Cuda(0)),
+            "host" | "cpu" => Ok(DeviceName::Host),
+            "sim" => Ok(DeviceName::Sim),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(DeviceName::Cuda(n)),
+                _ => Err(Error::invalid(format!(
+                    "unknown device {s:?}: expected {DEVICE_HELP}"
+                ))),
+            },
+        }
+    }
+}
+
+impl fmt::Display for DeviceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceName::Auto => f.write_str("auto"),
+            DeviceName::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceName::Host => f.write_str("host"),
+            DeviceName::Sim => f.write_str("sim"),
+        }
+    }
+}
+
+impl DeviceName {
+    /// `Auto` made definite: `cuda:0` where a GPU opens, else `host`.
+    pub fn resolve(self) -> DeviceName {
+        match self {
+            DeviceName::Auto if CudaDevice::open(0).is_ok() => DeviceName::Cuda(0),
+            DeviceName::Auto => DeviceName::Host,
+            name => name,
+        }
+    }
+
+    /// Opens the named device (`auto`: the first GPU, else host memory).
+    pub fn open(self) -> Result<Arc<dyn Device>> {
+        match self {
+            DeviceName::Auto => match CudaDevice::open(0) {
+                Ok(gpu) => Ok(Arc::new(gpu)),
+                Err(_) => Ok(Arc::new(HostDevice::new())),
+            },
+            DeviceName::Cuda(n) => Ok(Arc::new(open_gpu(n)?)),
+            DeviceName::Host => Ok(Arc::new(HostDevice::new())),
+            DeviceName::Sim => open_sim(),
+        }
+    }
+}
+
+/// Opens GPU `ordinal`; where there is no GPU or driver, the error says so
+/// and how to use host memory instead.
+pub fn open_gpu(ordinal: usize) -> Result<CudaDevice> {
+    CudaDevice::open(ordinal).map_err(|e| match e.kind() {
+        ErrorKind::NoGpu => Error::new(
+            ErrorKind::NoGpu,
+            format!(
+                "cannot open cuda:{ordinal}: {e}; to use host memory instead, \
+                 pass --device host (device=\"cpu\" in Python)"
+            ),
+        ),
+        _ => e.context(format!("cannot open cuda:{ordinal}")),
+    })
+}
+
+#[cfg(feature = "testing")]
+fn open_sim() -> Result<Arc<dyn Device>> {
+    Ok(Arc::new(crate::testing::SimDevice::new(
+        crate::testing::SimConfig::default(),
+    )))
+}
+
+#[cfg(not(feature = "testing"))]
+fn open_sim() -> Result<Arc<dyn Device>> {
+    Err(Error::invalid(
+        "the simulated device (sim) is for tests: build zerohop with the `testing` feature, \
+         or use host memory (host)",
+    ))
+}
+
+/// Opens the device named by `spec` (see [`DEVICE_HELP`]).
+pub fn open_device(spec: &str) -> Result<Arc<dyn Device>> {
+    spec.parse::<DeviceName>()?.open()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_print_back() {
+        let cases = [
+            ("auto", DeviceName::Auto, "auto"),
+            ("cuda", DeviceName::Cuda(0), "cuda:0"),
+            ("cuda:3", DeviceName::Cuda(3), "cuda:3"),
+            ("host", DeviceName::Host, "host"),
+            ("cpu", DeviceName::Host, "host"),
+            ("sim", DeviceName::Sim, "sim"),
+        ];
+        for (text, name, shown) in cases {
+            assert_eq!(text.parse::<DeviceName>().unwrap(), name, "{text}");
+            assert_eq!(name.to_string(), shown);
+            assert_eq!(shown.parse::<DeviceName>().unwrap(), name);
+        }
+    }
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        for bad in [
+            "", "none", "tpu:0", "cuda:", "cuda:x", "cuda:-1", "CUDA", "cuda0",
+        ] {
+            let e = bad.parse::<DeviceName>().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidInput, "{bad:?}");
+            assert!(e.to_string().contains(DEVICE_HELP), "{e}");
+        }
+    }
+
+    #[test]
+    fn host_memory_opens_anywhere() {
+        for name in [DeviceName::Host, DeviceName::Auto.resolve()] {
+            let dev = name.open().unwrap();
+            if name == DeviceName::Host {
+                assert_eq!(dev.kind(), crate::DeviceKind::Host);
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_gpu_says_how_to_use_host_memory() {
+        match open_gpu(99) {
+            Err(e) if e.kind() == ErrorKind::NoGpu => {
+                let text = e.to_string();
+                assert!(text.contains("cuda:99"), "{text}");
+                assert!(text.contains("--device host"), "{text}");
+                assert!(text.contains("device=\"cpu\""), "{text}");
+            }
+            // A GPU machine: ordinal 99 does not exist.
+            Err(e) => assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}"),
+            Ok(_) => panic!("cuda:99 opened"),
+        }
+    }
+
+    #[cfg(feature = "testing")]
+    #[test]
+    fn sim_opens_the_simulated_device() {
+        let dev = DeviceName::Sim.open().unwrap();
+        assert!(dev.describe().contains("simulated"));
+    }
+}
