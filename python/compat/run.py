@@ -6,11 +6,12 @@ the in-memory `save` and `load` stay safetensors' own). Deliberate
 differences are expected failures, listed with their reasons in
 conftest.py.
 
-    python python/compat/run.py [--cache DIR]
+    python python/compat/run.py [--cache DIR] [--fetch-only]
 
 The source distribution is fetched with pip once and kept in DIR (default:
-.venv/compat/ in this checkout). Needs torch, and safetensors at VERSION
-installed beside zerohop; without torch it reports itself skipped."""
+.venv/compat/ in this checkout; --fetch-only stops there, for machines
+without a network). Needs torch, and safetensors at VERSION installed
+beside zerohop; without torch it reports itself skipped."""
 
 from __future__ import annotations
 
@@ -66,7 +67,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=Path, default=HERE.parent.parent / ".venv" / "compat",
                         help="where the source distribution is kept (default: .venv/compat/)")
+    parser.add_argument("--fetch-only", action="store_true", help="fetch the source distribution, run nothing")
     args = parser.parse_args()
+    if args.fetch_only:
+        print(fetch_sdist(args.cache))
+        return 0
     try:
         import torch  # noqa: F401
     except ImportError as e:

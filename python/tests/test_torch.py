@@ -111,7 +111,7 @@ def test_packed_and_recent_dtypes_round_trip_with_safetensors(tmp_path):
     if not all(hasattr(torch, n) for n in names):
         pytest.skip("torch < 2.8 lacks some of " + ", ".join(names))
     raw = torch.arange(24, dtype=torch.uint8).reshape(4, 6)
-    tensors = {n: raw.view(getattr(torch, n)) for n in names}
+    tensors = {n: raw.clone().view(getattr(torch, n)) for n in names}
     ours, theirs = tmp_path / "zerohop.safetensors", tmp_path / "safetensors.safetensors"
     zerohop.save_file(tensors, ours)
     st_torch.save_file(tensors, str(theirs))
