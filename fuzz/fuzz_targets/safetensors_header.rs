@@ -19,8 +19,7 @@ fuzz_target!(|data: &[u8]| {
         let mut end = 0;
         for t in &h.tensors {
             assert!(t.begin == end && t.end >= t.begin && t.end <= h.data_len);
-            let elems = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).unwrap();
-            assert_eq!(elems * t.dtype.size(), t.len());
+            assert_eq!(t.dtype.byte_len(&t.shape), Ok(t.len()));
             end = t.end;
         }
     }

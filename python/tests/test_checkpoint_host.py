@@ -53,7 +53,9 @@ def test_nested_state_round_trips(tmp_path, rng):
     assert_same(state, back)
     # A tensor reachable twice was stored once and comes back shared.
     assert back["tied"] is back["model"]["layer.weight"]
-    assert checkpoint.verify(tmp_path / "ck")[1] > 0
+    checked = checkpoint.verify(tmp_path / "ck")
+    assert checked.chunks > 0 and checked.bytes >= state["model"]["layer.weight"].nbytes
+    assert tuple(checked) == (checked.chunks, checked.bytes)
 
 
 def test_restore_into_existing_arrays(tmp_path, rng):
@@ -151,6 +153,6 @@ def test_restore_into_does_not_depend_on_dict_order(tmp_path):
 
 def test_partly_overlapping_views_are_refused_clearly(tmp_path):
     w = np.ones((4, 4), np.float32)
-    with pytest.raises(ValueError, match="share memory"):
+    with pytest.raises(ValueError, match="head and w share memory"):
         checkpoint.save({"w": w, "head": w[:2]}, tmp_path / "ck")
     assert not (tmp_path / "ck").exists()

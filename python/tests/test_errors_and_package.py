@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -19,6 +20,27 @@ def test_missing_files_and_directories(tmp_path):
         zerohop.checkpoint.load(tmp_path / "nope")
     with pytest.raises((IsADirectoryError, ValueError, OSError)):
         zerohop.load_file(tmp_path, framework="np")
+
+
+# In a child process: a load that blocked on the FIFO would hang the suite.
+_OPEN_A_FIFO = """
+import sys, zerohop
+for load in (lambda p: zerohop.load_file(p, framework="np"), lambda p: zerohop.read_into(bytearray(8), p)):
+    try:
+        load(sys.argv[1])
+    except (OSError, ValueError) as e:
+        assert "regular file" in str(e), e
+    else:
+        raise AssertionError("a FIFO was read as a model")
+"""
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    # Raises TimeoutExpired (and kills the child) if the open blocks.
+    done = subprocess.run([sys.executable, "-c", _OPEN_A_FIFO, str(fifo)], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 0, done.stderr
 
 
 def test_permission_denied(tmp_path):

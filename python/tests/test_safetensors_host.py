@@ -123,3 +123,19 @@ def test_safe_open_notices_a_replaced_file(tmp_path):
     zerohop.save_file({"b": np.zeros(8, np.float32), "a": np.zeros(4, np.float32)}, path)
     with pytest.raises(RuntimeError, match="changed"):
         f.get_tensor("a")
+
+
+def test_save_refuses_what_safetensors_refuses_with_its_exception_types(tmp_path):
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(ValueError, match=r"^Expected a dict of \[str, torch.Tensor\] but received <class 'str'>$"):
+        zerohop.save_file("notadict", path)
+    with pytest.raises(ValueError, match=r"^Key `bad` is invalid, expected torch.Tensor but received <class 'dict'>$"):
+        zerohop.save_file({"ok": np.ones(2), "bad": {"some": "thing"}}, path)
+    # Overlapping views of one array: named, in a RuntimeError.
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with pytest.raises(RuntimeError, match=r"share memory.*\['head', 'w'\]"):
+        zerohop.save_file({"w": w, "head": w[:1], "tail": np.ones(3)}, path)
+    assert not path.exists()
+    # Disjoint parts of one array share no bytes: saved.
+    zerohop.save_file({"head": w[:1], "rest": w[1:]}, path)
+    assert np.array_equal(st_numpy.load_file(str(path))["rest"], w[1:])

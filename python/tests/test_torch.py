@@ -106,6 +106,39 @@ def test_read_into_and_write_from_tensors(tmp_path, device):
         zerohop.read_into(torch.empty(8, 8, device=device).t(), path)
 
 
+def test_packed_and_recent_dtypes_round_trip_with_safetensors(tmp_path):
+    names = ["float4_e2m1fn_x2", "float8_e8m0fnu", "float8_e4m3fnuz", "float8_e5m2fnuz"]
+    if not all(hasattr(torch, n) for n in names):
+        pytest.skip("torch < 2.8 lacks some of " + ", ".join(names))
+    raw = torch.arange(24, dtype=torch.uint8).reshape(4, 6)
+    tensors = {n: raw.clone().view(getattr(torch, n)) for n in names}
+    ours, theirs = tmp_path / "zerohop.safetensors", tmp_path / "safetensors.safetensors"
+    zerohop.save_file(tensors, ours)
+    st_torch.save_file(tensors, str(theirs))
+    with zerohop.safe_open(ours) as f:
+        # A header gives F4 shapes in F4 values, two to a torch element.
+        assert f.get_slice("float4_e2m1fn_x2").get_shape() == [4, 12]
+        assert f.get_slice("float4_e2m1fn_x2").get_dtype() == "F4"
+    for loaded in (zerohop.load_file(theirs), st_torch.load_file(str(ours))):
+        for n, t in tensors.items():
+            assert loaded[n].dtype == t.dtype and loaded[n].shape == t.shape, n
+            assert bits(loaded[n]) == bits(t), n
+    assert bits(zerohop.load_file(ours)["float4_e2m1fn_x2"][1:3]) == bits(raw[1:3])
+
+
+def test_save_refuses_meta_sparse_and_shared_tensors_as_safetensors_does(tmp_path):
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(RuntimeError, match="Cannot copy out of meta tensor"):
+        zerohop.save_file({"m": torch.zeros(4, device="meta")}, path)
+    with pytest.raises(ValueError, match=r"sparse tensors: `\['s'\]`"):
+        zerohop.save_file({"s": torch.sparse_coo_tensor(size=(2, 3)), "d": torch.ones(2)}, path)
+    a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    for b in (a[:1], a[1:], a):
+        with pytest.raises(RuntimeError, match=r"\['A', 'B'\]"):
+            zerohop.save_file({"A": a, "B": b}, path)
+    assert not path.exists()
+
+
 @cuda
 def test_dlpack_producers(tmp_path):
     cupy = pytest.importorskip("cupy")

@@ -5,6 +5,10 @@ Drop-in loading and saving of safetensors files (`load_file`, `safe_open`,
 and raw reads and writes between files and any contiguous tensor or buffer
 (`read_into`, `write_from`). Memory is always allocated by PyTorch (or
 NumPy); zerohop only moves bytes, with the GIL released.
+
+NumPy users pass `framework="np"` to `load_file` and `safe_open` to get
+arrays instead of torch tensors (torch need not be installed);
+`save_file` takes arrays as they are.
 """
 
 from __future__ import annotations

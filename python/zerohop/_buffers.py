@@ -5,7 +5,7 @@ the framework that will own them."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 try:  # Both frameworks are optional: numpy for host arrays, torch for tensors.
     import numpy as np
@@ -22,7 +22,8 @@ def _torch():
 
 
 # safetensors dtype names -> torch attribute names; absent ones (older
-# torch) are skipped.
+# torch) are skipped. F6_E2M3 and F6_E3M2 have no torch type: such tensors
+# load only as raw bytes (zerohop.read_into).
 _TORCH_DTYPES = {
     "BOOL": "bool",
     "U8": "uint8",
@@ -41,14 +42,45 @@ _TORCH_DTYPES = {
     "F8_E4M3": "float8_e4m3fn",
     "F8_E5M2": "float8_e5m2",
     "F8_E8M0": "float8_e8m0fnu",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F4": "float4_e2m1fn_x2",
 }
 
-# numpy spells the types it has as torch does; it lacks bf16 and fp8.
+# numpy spells the types it has as torch does; it lacks bf16, fp8 and fp4.
 _NUMPY_DTYPES = {
     name: attr
     for name, attr in _TORCH_DTYPES.items()
-    if name != "BF16" and not name.startswith("F8_")
+    if name != "BF16" and not name.startswith(("F8_", "F4"))
 }
+
+# Elements per torch element of the packed types: a safetensors header gives
+# an F4 tensor's shape in F4 values, torch's float4_e2m1fn_x2 holds two to
+# an element, so the last dimension differs by that factor.
+_PACKED = {"F4": 2}
+
+
+def header_shape(dtype: str, shape: Sequence[int]) -> Tuple[int, ...]:
+    """The shape a safetensors header gives a tensor of `dtype` that torch
+    or numpy holds with `shape`."""
+    per = _PACKED.get(dtype, 1)
+    if per == 1 or not shape:
+        return tuple(shape)
+    return tuple(shape[:-1]) + (shape[-1] * per,)
+
+
+def storage_shape(dtype: str, shape: Sequence[int]) -> Tuple[int, ...]:
+    """The shape torch gives a tensor whose header says `dtype` and
+    `shape`: the inverse of `header_shape`."""
+    per = _PACKED.get(dtype, 1)
+    if per == 1:
+        return tuple(shape)
+    if not shape or shape[-1] % per:
+        raise ValueError(
+            f"a {dtype} tensor of shape {list(shape)} does not fill whole torch elements: "
+            f"its last dimension must be a multiple of {per}"
+        )
+    return tuple(shape[:-1]) + (shape[-1] // per,)
 
 
 def torch_dtype(name: str):
@@ -132,6 +164,11 @@ def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
             return "U8"
 
     if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided:
+            raise ValueError(f"the tensor is {obj.layout}, not dense: call .to_dense() first")
+        if obj.device.type == "meta":
+            # RuntimeError, as torch and safetensors raise for it.
+            raise RuntimeError("Cannot copy out of meta tensor: it holds no data")
         if not obj.is_contiguous():
             raise ValueError("the tensor is not contiguous: call .contiguous() first")
         if obj.device.type not in ("cpu", "cuda"):
@@ -142,12 +179,13 @@ def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
                 raise ValueError("the tensor is a lazy conj/neg view: call resolve_conj()/resolve_neg() first")
             obj = obj.resolve_conj().resolve_neg()
         device = "cpu" if obj.device.type == "cpu" else f"cuda:{obj.device.index}"
+        dtype = name_of(obj.dtype)
         return Buffer(
             obj.data_ptr(),
             obj.numel() * obj.element_size(),
             device,
-            name_of(obj.dtype),
-            tuple(obj.shape),
+            dtype,
+            header_shape(dtype, tuple(obj.shape)),
             obj,
         )
     if np is not None and isinstance(obj, np.ndarray):
@@ -199,7 +237,7 @@ def empty(framework: str, dtype: str, shape: Sequence[int], device: str):
             raise ImportError("framework='pt' needs torch; use framework='np' for numpy arrays")
         if device == "sim":
             raise ValueError("device='sim' holds numpy arrays: use framework='np'")
-        return torch.empty(tuple(shape), dtype=torch_dtype(dtype), device=device)
+        return torch.empty(storage_shape(dtype, shape), dtype=torch_dtype(dtype), device=device)
     if framework == "np":
         if device.startswith("cuda"):
             raise ValueError("numpy arrays live in host memory: use device='cpu'")
@@ -212,6 +250,23 @@ def address(t: Any) -> int:
     if np is not None and isinstance(t, np.ndarray):
         return t.__array_interface__["data"][0]
     return t.data_ptr()
+
+
+def sharing_memory(buffers: Dict[str, Buffer]) -> List[List[str]]:
+    """The groups of names whose bytes overlap (views of one memory), each
+    sorted; empty buffers share nothing."""
+    spans = sorted((b.device, b.addr, b.addr + b.nbytes, name) for name, b in buffers.items() if b.nbytes)
+    groups: List[List[str]] = []
+    group_end = None
+    last_device = None
+    for device, start, end, name in spans:
+        if device == last_device and group_end is not None and start < group_end:
+            groups[-1].append(name)
+            group_end = max(group_end, end)
+        else:
+            groups.append([name])
+            group_end, last_device = end, device
+    return [sorted(g) for g in groups if len(g) > 1]
 
 
 def on_one_device(buffers: Dict[str, Buffer]) -> Tuple[Dict[str, Buffer], str]:

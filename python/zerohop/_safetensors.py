@@ -61,8 +61,10 @@ def load_file(
 ) -> Dict[str, Any]:
     """Loads every tensor of a safetensors file, or of a list of shards, as
     `safetensors.torch.load_file` does, straight into `device` ('cpu',
-    'cuda', 'cuda:N' or an index). Tensors are allocated by torch (or numpy,
-    with framework='np') and ready on the current CUDA stream on return."""
+    'cuda', 'cuda:N' or an index). Tensors are allocated by torch and ready
+    on the current CUDA stream on return; `framework="np"` gives numpy
+    arrays instead (host memory only; torch need not be installed), as
+    `safetensors.numpy.load_file` does."""
     paths = [os.fspath(filename)] if isinstance(filename, (str, os.PathLike)) else [os.fspath(p) for p in filename]
     device = _buffers.device_name(device)
     _, tensors = _headers(paths)
@@ -78,7 +80,8 @@ class safe_open:
     """Opens a safetensors file to read only what is asked, as
     `safetensors.safe_open` does: `keys()`, `metadata()`,
     `get_tensor(name)`, `get_slice(name)[rows, ...]`. Usable as a context
-    manager."""
+    manager. `framework="pt"` gives torch tensors, `framework="np"` numpy
+    arrays (host memory only)."""
 
     def __init__(self, filename: PathLike, framework: str = "pt", device: Any = "cpu"):
         if framework in ("torch", "pytorch"):
@@ -211,15 +214,52 @@ def save_file(
     progress: Progress = False,
 ) -> None:
     """Saves tensors (torch, numpy, or any contiguous buffer) as one
-    safetensors file, as `safetensors.torch.save_file` does; the file is
-    written under a temporary name, made durable and renamed into place
-    before this returns. Tensors on other devices than the one holding most
-    bytes are copied to it first."""
+    safetensors file, as `safetensors.torch.save_file` (or
+    `safetensors.numpy.save_file`) does; the file is written under a
+    temporary name, made durable and renamed into place before this
+    returns. Tensors on other devices than the one holding most bytes are
+    copied to it first.
+
+    Refused as safetensors refuses them, with its exception types: a value
+    that is not a tensor or a sparse tensor (ValueError), tensors that share
+    memory (RuntimeError naming them), a meta tensor (RuntimeError). The
+    header is padded to 4 KiB, so the data can be written with O_DIRECT:
+    the file's bytes differ from safetensors' (each reads the other's)."""
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise ValueError("metadata must map str to str")
-    buffers = {name: _buffers.describe(t, writable=False) for name, t in tensors.items()}
-    buffers, device = _buffers.on_one_device(buffers)
+    buffers, device = _buffers.on_one_device(_savable(tensors))
     specs = [(name, b.dtype, list(b.shape), b.addr, b.nbytes) for name, b in buffers.items()]
     _native.save_safetensors(
         device, os.fspath(filename), specs, metadata, _buffers.current_stream(device), progress
     )
+
+
+def _savable(tensors: Any) -> Dict[str, "_buffers.Buffer"]:
+    """Each tensor's memory, after the checks (and exception types and
+    messages) of `safetensors.torch.save_file`, which user code relies on."""
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
+    torch = _buffers._torch()
+    sparse = [
+        name for name, t in tensors.items()
+        if torch is not None and isinstance(t, torch.Tensor) and t.layout != torch.strided
+    ]
+    if sparse:
+        raise ValueError(
+            f"You are trying to save a sparse tensors: `{sparse}` which this library does not support."
+            " You can make it a dense tensor before saving with `.to_dense()` but be aware this might"
+            " make a much larger file than needed."
+        )
+    buffers = {}
+    for name, t in tensors.items():
+        try:
+            buffers[name] = _buffers.describe(t, writable=False)
+        except TypeError:
+            raise ValueError(f"Key `{name}` is invalid, expected torch.Tensor but received {type(t)}") from None
+    shared = _buffers.sharing_memory(buffers)
+    if shared:
+        raise RuntimeError(
+            f"Some tensors share memory, which a safetensors file would store twice and load back as"
+            f" separate tensors: {shared}. Save one tensor of each group, or clone the others."
+        )
+    return buffers

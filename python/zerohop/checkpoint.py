@@ -13,7 +13,7 @@ import base64
 import json
 import os
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from . import _buffers, _native
 
@@ -115,10 +115,9 @@ def save(
 def _refuse_partial_overlaps(buffers: Dict[str, "_buffers.Buffer"]) -> None:
     """Tensors reachable twice are stored once; different views of one
     memory (`w` and `w[:2]`) cannot be, and would not come back as views."""
-    spans = sorted((b.device, b.addr, b.addr + b.nbytes, name) for name, b in buffers.items() if b.nbytes)
-    for (d1, _, end1, n1), (d2, start2, _, n2) in zip(spans, spans[1:]):
-        if d1 == d2 and start2 < end1:
-            raise ValueError(f"{n1} and {n2} share memory (views of one tensor): save one, or clone the other")
+    shared = _buffers.sharing_memory(buffers)
+    if shared:
+        raise ValueError(f"{' and '.join(shared[0])} share memory (views of one tensor): save one, or clone the others")
 
 
 def _entries(dir: PathLike) -> Tuple[Any, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]]:
@@ -132,8 +131,9 @@ def load(
     device: Any = None,
     progress: Progress = False,
 ) -> Any:
-    """Loads a checkpoint into new tensors, allocated by torch (numpy for
-    arrays saved from numpy), with the structure it was saved with.
+    """Loads a checkpoint into new tensors, allocated by torch (numpy
+    arrays for arrays saved from numpy, and for everything when torch is
+    not installed), with the structure it was saved with.
     `device=None` puts each tensor where it was saved from; a device puts
     them all there. Every chunk's checksum is checked on the way."""
     skeleton, entries = _entries(dir)
@@ -254,8 +254,16 @@ def _restore(dir: PathLike, buffers: Dict[str, "_buffers.Buffer"], progress: Pro
             _buffers.as_torch(buffers[name]).copy_(b.owner)
 
 
-def verify(dir: PathLike, progress: Progress = False) -> Tuple[int, int]:
-    """Checks every checksum of a checkpoint on disk (no GPU needed);
-    returns (chunks, bytes) checked, or raises IntegrityError naming the
-    first bad chunk."""
-    return _native.checkpoint_verify(os.fspath(dir), progress)
+class Verified(NamedTuple):
+    """What `verify` checked: every chunk's checksum matched."""
+
+    chunks: int
+    bytes: int
+
+
+def verify(dir: PathLike, progress: Progress = False) -> Verified:
+    """Checks every checksum of a checkpoint on disk (no GPU needed).
+    Returns the chunks and bytes checked (`.chunks`, `.bytes`), or raises
+    IntegrityError naming the first bad chunk."""
+    chunks, nbytes = _native.checkpoint_verify(os.fspath(dir), progress)
+    return Verified(chunks=chunks, bytes=nbytes)

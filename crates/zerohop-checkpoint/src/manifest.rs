@@ -328,10 +328,7 @@ fn check_type(e: &Entry) -> Result<()> {
             let dtype = Dtype::parse(d).ok_or_else(|| {
                 Error::format(format!("manifest: entry {:?}: unknown dtype {d:?}", e.name))
             })?;
-            let bytes = shape
-                .iter()
-                .try_fold(dtype.size(), |a, &n| a.checked_mul(n));
-            if bytes != Some(e.bytes) {
+            if dtype.byte_len(shape) != Ok(e.bytes) {
                 return bad("dtype and shape disagree with its size");
             }
             Ok(())

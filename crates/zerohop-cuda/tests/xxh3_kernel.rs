@@ -1,7 +1,7 @@
 //! The XXH3 kernel must give XXH3-64's values for chunks of any length,
 //! alignment and number of pieces: its source run on the host with each
 //! warp's 32 lanes as threads (kernels/host_harness.cc), and the PTX built
-//! from it on the GPU where there is one.
+//! from it on the GPU (ignored unless run with `--include-ignored`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -114,17 +114,10 @@ fn kernel_source_matches_xxh3_on_emulated_warps() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU"]
 fn kernel_matches_xxh3_on_the_gpu() {
-    use zerohop_cuda::{Context, DeviceAllocation, DeviceRange, Driver, Xxh3Kernel};
-    let Ok(driver) = Driver::get() else {
-        eprintln!("SKIPPED: no CUDA driver");
-        return;
-    };
-    if driver.device_count().unwrap_or(0) == 0 {
-        eprintln!("SKIPPED: no GPU");
-        return;
-    }
-    let ctx = Context::new(0).unwrap();
+    use zerohop_cuda::{Context, DeviceAllocation, DeviceRange, Xxh3Kernel};
+    let ctx = Context::new(0).expect("this test needs an NVIDIA GPU");
     let kernel = Xxh3Kernel::load(&ctx).unwrap();
     let data = pattern(300_000);
     let dev = DeviceAllocation::new(&ctx, data.len()).unwrap();

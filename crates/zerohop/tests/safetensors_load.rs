@@ -43,8 +43,7 @@ fn assert_matches_file(
             .read_exact_at(&mut file, t.file_offset)
             .unwrap();
         assert!(dev == file, "tensor {} differs", t.name);
-        let elems: u64 = t.shape.iter().product();
-        assert_eq!(elems * t.dtype.size(), t.buffer.len() as u64);
+        assert_eq!(t.dtype.byte_len(&t.shape), Ok(t.buffer.len() as u64));
     }
 }
 
@@ -79,7 +78,7 @@ fn handmade(path: &std::path::Path, tensors: &[(&str, Dtype, Vec<u64>)]) -> Vec<
     let infos: Vec<TensorInfo> = tensors
         .iter()
         .map(|(n, d, s)| {
-            let len = s.iter().product::<u64>() * d.size();
+            let len = d.byte_len(s).unwrap();
             let t = TensorInfo {
                 name: n.to_string(),
                 dtype: *d,
@@ -108,6 +107,8 @@ fn odd_dtypes_zero_size_and_multiple_shards() {
             ("f8", Dtype::F8_E4M3, vec![7, 3]),
             ("empty", Dtype::BF16, vec![0, 5]),
             ("odd", Dtype::F32, vec![13]),
+            ("fp4", Dtype::F4, vec![3, 6]),
+            ("scales", Dtype::F8_E8M0, vec![5]),
         ],
     );
     handmade(
@@ -120,7 +121,9 @@ fn odd_dtypes_zero_size_and_multiple_shards() {
     let engine = engine(HotRoute::Auto);
     let paths = vec![a, b];
     let model = load_safetensors(&engine, &paths, Allocation::PerTensor, None).unwrap();
-    assert_eq!(model.tensors.len(), 5);
+    assert_eq!(model.tensors.len(), 7);
+    // Two F4 elements to a byte.
+    assert_eq!(model.get("fp4").unwrap().buffer.len(), 9);
     assert_eq!(model.get("empty").unwrap().buffer.len(), 0);
     assert_eq!(model.get("scalar").unwrap().buffer.len(), 8);
     assert_matches_file(&engine, &paths, &model);

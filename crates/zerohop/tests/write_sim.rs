@@ -175,7 +175,7 @@ fn safetensors_round_trip_and_atomic_replace() {
     let mut tensors = Vec::new();
     let mut want = BTreeMap::new();
     for (i, (name, dtype, shape)) in specs.iter().enumerate() {
-        let n = shape.iter().product::<u64>() * dtype.size();
+        let n = dtype.byte_len(shape).unwrap();
         let data = pattern(n as usize, 10 + i as u64);
         tensors.push(TensorToSave {
             name: name.to_string(),

@@ -9,16 +9,23 @@ use std::fmt;
 /// limit): a hostile length must not make us allocate gigabytes.
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 
-/// Element types with whole-byte sizes.
+/// Element types, as safetensors 0.8 names them. F4 and F6 elements are
+/// narrower than a byte: a tensor of them packs its elements into whole
+/// bytes (torch's `float4_e2m1fn_x2` holds two F4 per byte element).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[allow(non_camel_case_types)]
 pub enum Dtype {
     BOOL,
+    F4,
+    F6_E2M3,
+    F6_E3M2,
     U8,
     I8,
     F8_E5M2,
     F8_E4M3,
     F8_E8M0,
+    F8_E4M3FNUZ,
+    F8_E5M2FNUZ,
     I16,
     U16,
     F16,
@@ -33,13 +40,18 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    const ALL: [Dtype; 17] = [
+    const ALL: [Dtype; 22] = [
         Dtype::BOOL,
+        Dtype::F4,
+        Dtype::F6_E2M3,
+        Dtype::F6_E3M2,
         Dtype::U8,
         Dtype::I8,
         Dtype::F8_E5M2,
         Dtype::F8_E4M3,
         Dtype::F8_E8M0,
+        Dtype::F8_E4M3FNUZ,
+        Dtype::F8_E5M2FNUZ,
         Dtype::I16,
         Dtype::U16,
         Dtype::F16,
@@ -53,15 +65,34 @@ impl Dtype {
         Dtype::U64,
     ];
 
-    /// Bytes per element.
-    pub fn size(self) -> u64 {
+    /// Bits per element.
+    pub fn bits(self) -> u64 {
         use Dtype::*;
         match self {
-            BOOL | U8 | I8 | F8_E5M2 | F8_E4M3 | F8_E8M0 => 1,
-            I16 | U16 | F16 | BF16 => 2,
-            I32 | U32 | F32 => 4,
-            C64 | F64 | I64 | U64 => 8,
+            F4 => 4,
+            F6_E2M3 | F6_E3M2 => 6,
+            BOOL | U8 | I8 | F8_E5M2 | F8_E4M3 | F8_E8M0 | F8_E4M3FNUZ | F8_E5M2FNUZ => 8,
+            I16 | U16 | F16 | BF16 => 16,
+            I32 | U32 | F32 => 32,
+            C64 | F64 | I64 | U64 => 64,
         }
+    }
+
+    /// Bytes a tensor of this type and shape holds. An error when the size
+    /// overflows, or when sub-byte elements would end in a partial byte
+    /// (safetensors refuses those too).
+    pub fn byte_len(self, shape: &[u64]) -> std::result::Result<u64, String> {
+        let bits = shape
+            .iter()
+            .try_fold(self.bits(), |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| format!("shape {shape:?} is too large"))?;
+        if bits % 8 != 0 {
+            return Err(format!(
+                "{} with shape {shape:?} ends in a partial byte ({bits} bits)",
+                self.name()
+            ));
+        }
+        Ok(bits / 8)
     }
 
     /// The name used in headers.
@@ -69,11 +100,16 @@ impl Dtype {
         use Dtype::*;
         match self {
             BOOL => "BOOL",
+            F4 => "F4",
+            F6_E2M3 => "F6_E2M3",
+            F6_E3M2 => "F6_E3M2",
             U8 => "U8",
             I8 => "I8",
             F8_E5M2 => "F8_E5M2",
             F8_E4M3 => "F8_E4M3",
             F8_E8M0 => "F8_E8M0",
+            F8_E4M3FNUZ => "F8_E4M3FNUZ",
+            F8_E5M2FNUZ => "F8_E5M2FNUZ",
             I16 => "I16",
             U16 => "U16",
             F16 => "F16",
@@ -304,10 +340,7 @@ fn parse_entry(name: String, v: &Value, data_len: u64) -> Result<TensorInfo> {
             "data_offsets end {end} lies past the end of the data section ({data_len} bytes): truncated file?"
         )));
     }
-    let bytes = shape
-        .iter()
-        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| bad("shape is too large"))?;
+    let bytes = dtype.byte_len(&shape).map_err(|e| bad(&e))?;
     if bytes != end - begin {
         return Err(bad(&format!(
             "{} with shape {shape:?} needs {bytes} bytes but data_offsets span {}",
@@ -438,6 +471,11 @@ mod tests {
                 "unknown field",
             ),
             (huge, 4, "too large"),
+            (
+                r#"{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}"#,
+                2,
+                "partial byte",
+            ),
             (r#"[1,2]"#, 0, "not a JSON object"),
             (
                 r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#,
@@ -468,6 +506,20 @@ mod tests {
         let metadata_twice = r#"{"__metadata__":{"k":"v"},"__metadata__":{"k":"w"}}"#;
         let e = err(metadata_twice, 0);
         assert!(e.contains(r#"names "__metadata__" more than once"#), "{e}");
+    }
+
+    #[test]
+    fn every_dtype_name_parses_back_and_sub_byte_types_pack() {
+        for d in Dtype::ALL {
+            assert_eq!(Dtype::parse(d.name()), Some(d));
+        }
+        assert_eq!(Dtype::parse("f32"), None);
+        assert_eq!(Dtype::F4.byte_len(&[2, 4]), Ok(4));
+        assert_eq!(Dtype::F6_E2M3.byte_len(&[4]), Ok(3));
+        assert_eq!(Dtype::F8_E4M3FNUZ.byte_len(&[3]), Ok(3));
+        assert_eq!(Dtype::C64.byte_len(&[]), Ok(8));
+        assert!(Dtype::F6_E3M2.byte_len(&[3]).is_err());
+        assert!(Dtype::U64.byte_len(&[u64::MAX]).is_err());
     }
 
     #[test]

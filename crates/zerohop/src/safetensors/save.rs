@@ -43,10 +43,9 @@ pub fn layout(tensors: &[TensorToSave], metadata: &BTreeMap<String, String>) -> 
             )));
         }
         let bytes = t
-            .shape
-            .iter()
-            .try_fold(t.dtype.size(), |a, &d| a.checked_mul(d))
-            .ok_or_else(|| Error::invalid(format!("tensor {:?}: shape too large", t.name)))?;
+            .dtype
+            .byte_len(&t.shape)
+            .map_err(|e| Error::invalid(format!("tensor {:?}: {e}", t.name)))?;
         if bytes != t.data.len() as u64 {
             return Err(Error::invalid(format!(
                 "tensor {:?}: {} with shape {:?} needs {bytes} bytes, but its buffer holds {}",
