@@ -5,7 +5,8 @@
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
-# Steps: info, tests, python, hot, cold, sweep, peers, checkpoint, save, agent. The device tool call is:
+# Steps: info, tests, python, hot, cold, sweep, peers, checkpoint, save, agent,
+# compare (before/after a change: needs .before/zerohop, see the README). The device tool call is:
 #   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
 # (add ".whl" to carry and "peers" to the steps for the peer loaders; fetch
 # their wheels first with bench/fetch-peer-wheels.sh).
@@ -46,9 +47,16 @@ device() {
     ensure_disk() { [ -f $DISK ] || { ensure_hot; cp $HOT $DISK; sync; }; }
     # The peers' wheels (.whl, see bench/fetch-peer-wheels.sh) and zerohop's.
     install_wheels() {
+        local wheels=(.stage/wheel/*.whl)
+        [ -d .whl ] && wheels+=(.whl/*.whl)
         [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-            --target /tmp/site .whl/*.whl .stage/wheel/*.whl
+            --target /tmp/site "${wheels[@]}"
         export PYTHONPATH=/tmp/site
+    }
+    # The VM grows its memory on first touch (~0.6 s per GiB): touch it
+    # once, so no timed run pays for that.
+    warm_memory() {
+        python3 -c 'import numpy as np; a = np.ones(${ZEROHOP_WARM_GIB:-40} << 30, np.uint8); print("warmed", a.nbytes >> 30, "GiB")'
     }
     for step in "$@"; do
         echo "=== $step ($(date -u +%FT%TZ), commit $(cat .stage/commit))"
@@ -121,6 +129,37 @@ device() {
             # safetensors 0.8's PyTorch tests against zerohop (the machine
             # has safetensors 0.8.0 installed).
             python3 python/compat/run.py --cache .stage/compat 2>&1 | tee "$OUT/python-compat.txt"
+            ;;
+        compare)
+            # Before/after a change, same machine start: the binary in
+            # .before/zerohop (built from the commit before it, see the
+            # README) against .stage/bin/zerohop, each in turn, the order
+            # swapped in the second round; hot and cold loads of the 8 GiB
+            # model and a 16 GiB checkpoint save to tmpfs and to disk.
+            warm_memory; ensure_hot
+            for round in 1 2; do
+                bins=(.before/zerohop .stage/bin/zerohop)
+                [ "$round" = 2 ] && bins=(.stage/bin/zerohop .before/zerohop)
+                for bin in "${bins[@]}"; do
+                    name=$([ "$bin" = .before/zerohop ] && echo before || echo after)
+                    echo "--- $name round $round: hot" | tee -a "$OUT/compare.txt"
+                    $bin bench load $HOT --repeat 3 2>&1 | grep -E "^(limit|run|result)" | tee -a "$OUT/compare.txt"
+                    # Cold: a fresh copy per binary and round, so no read
+                    # finds what an earlier one left in the host's cache.
+                    cold=/var/tmp/zerohop-cold-$name-$round.safetensors
+                    cp $HOT $cold; sync
+                    echo "--- $name round $round: cold" | tee -a "$OUT/compare.txt"
+                    $bin bench load $cold --cold --repeat 2 2>&1 | grep -E "^(limit|run|result|cache)" | tee -a "$OUT/compare.txt"
+                    rm -f $cold
+                done
+            done
+            for target in /dev/shm /var/tmp; do
+                for bin in .before/zerohop .stage/bin/zerohop; do
+                    name=$([ "$bin" = .before/zerohop ] && echo before || echo after)
+                    echo "--- $name: 16 GiB checkpoint save to $target" | tee -a "$OUT/compare.txt"
+                    $bin bench checkpoint --size 16GiB --dir $target 2>&1 | grep -vE "^\s*$" | tee -a "$OUT/compare.txt"
+                done
+            done
             ;;
         peers)
             ensure_hot; ensure_disk

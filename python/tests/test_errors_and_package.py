@@ -69,6 +69,16 @@ def test_malformed_files_are_value_errors(tmp_path, content):
         zerohop.load_file(path, framework="np")
 
 
+def test_device_names_are_the_cli_s(tmp_path):
+    path = tmp_path / "m.safetensors"
+    zerohop.save_file({"a": np.arange(4.0)}, path)
+    for device in ("cpu", "host", "sim"):
+        out = zerohop.load_file(path, device=device, framework="np")
+        assert out["a"].tolist() == [0.0, 1.0, 2.0, 3.0], device
+    with pytest.raises(ValueError, match="unknown device .none.: expected auto"):
+        zerohop.load_file(path, device="none")
+
+
 def test_bad_arguments_are_value_errors(tmp_path):
     path = tmp_path / "m.safetensors"
     zerohop.save_file({"a": np.ones(2)}, path)

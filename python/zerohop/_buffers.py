@@ -7,6 +7,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from . import _native
+
 try:  # Both frameworks are optional: numpy for host arrays, torch for tensors.
     import numpy as np
 except ImportError:  # pragma: no cover - exercised only without numpy
@@ -114,8 +116,11 @@ def dtype_name(dtype) -> str:
 
 
 def device_name(device: Any) -> str:
-    """Normalizes a device argument: 'cpu', 'cuda:N', or 'sim' (host memory
-    moved through the simulated device: for tests without a GPU)."""
+    """Normalizes a device argument to 'cpu', 'cuda:N' or 'sim' (host memory
+    moved through the simulated device: for tests without a GPU). Takes the
+    words of every zerohop interface ('auto', 'cuda', 'cuda:N', 'host' or
+    'cpu', 'sim'), parsed natively, plus an int or a torch.device; as in
+    torch, a bare 'cuda' is torch's current GPU."""
     if isinstance(device, int):
         return f"cuda:{device}"
     name = str(device)
@@ -123,9 +128,7 @@ def device_name(device: Any) -> str:
         torch = _torch()
         index = torch.cuda.current_device() if torch is not None else 0
         return f"cuda:{index}"
-    if name in ("cpu", "sim") or (name.startswith("cuda:") and name[5:].isdigit()):
-        return name
-    raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N' or 'sim'")
+    return _native.device_name(name)
 
 
 def current_stream(device: str) -> Optional[int]:

@@ -60,8 +60,9 @@ def load_file(
     progress: Progress = False,
 ) -> Dict[str, Any]:
     """Loads every tensor of a safetensors file, or of a list of shards, as
-    `safetensors.torch.load_file` does, straight into `device` ('cpu',
-    'cuda', 'cuda:N' or an index). Tensors are allocated by torch and ready
+    `safetensors.torch.load_file` does, straight into `device` ('cpu' or
+    'host', 'cuda', 'cuda:N', an index, or 'auto': the first GPU, else host
+    memory). Tensors are allocated by torch and ready
     on the current CUDA stream on return; `framework="np"` gives numpy
     arrays instead (host memory only; torch need not be installed), as
     `safetensors.numpy.load_file` does."""

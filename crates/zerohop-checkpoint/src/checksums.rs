@@ -6,7 +6,7 @@ use crate::layout::ChunkSlot;
 use crate::manifest::{chunk_checksum, DataFile};
 use std::path::Path;
 use std::time::Instant;
-use zerohop::{DeviceBuffer, DeviceKind, Engine, Error, ErrorKind, Result};
+use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
 
 /// Where a save checksummed its chunks.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,9 +45,6 @@ impl std::fmt::Display for ChecksumSite {
 pub(crate) fn device_can_hash(engine: &Engine) -> std::result::Result<(), String> {
     match engine.device().checksums() {
         Some(hasher) => hasher.ready().map_err(|e| e.to_string()),
-        None if engine.device().kind() == DeviceKind::Host => {
-            Err("host memory: the CPU hashes it anyway".into())
-        }
         None => Err(NO_KERNEL.into()),
     }
 }

@@ -2,7 +2,7 @@
 //! staging pool is pinned once, and loads reuse it.
 
 use crate::errors::to_py;
-use pyo3::PyResult;
+use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -33,6 +33,19 @@ impl Place {
             DeviceName::Sim => Place::Sim,
         })
     }
+}
+
+/// A device name in the words every zerohop interface takes
+/// ([`zerohop::device::DEVICE_HELP`]), as the Python half names memory:
+/// `cuda:N`, `cpu` (host memory; `host` is taken too) or `sim`; `auto` is
+/// resolved to the first GPU, else `cpu`.
+#[pyfunction]
+pub fn device_name(spec: &str) -> PyResult<String> {
+    Ok(match Place::parse(spec)? {
+        Place::Cuda(n) => format!("cuda:{n}"),
+        Place::Host => "cpu".into(),
+        Place::Sim => "sim".into(),
+    })
 }
 
 /// The engine for `place`, made on first use.
