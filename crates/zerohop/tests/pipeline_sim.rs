@@ -493,7 +493,7 @@ fn a_file_truncated_during_a_load_is_a_clear_error() {
         assert_eq!(e.kind(), ErrorKind::Io, "{hot:?}: {e}");
         assert!(
             e.to_string()
-                .contains("shrank from 4 MiB to 2 MiB during the load"),
+                .contains("shrank from 4 MiB to 2 MiB since it was opened"),
             "{hot:?}: {e}"
         );
     }
@@ -520,7 +520,7 @@ fn a_file_modified_during_a_load_is_a_clear_error() {
     };
     let e = engine.load_files(&[&path], Some(&rewrite)).unwrap_err();
     assert!(
-        e.to_string().contains("was modified during the load"),
+        e.to_string().contains("was modified since it was opened"),
         "{e}"
     );
     // Host reads check too.

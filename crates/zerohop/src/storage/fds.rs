@@ -1,7 +1,9 @@
 //! A file opened twice: through the page cache, and with O_DIRECT where the
 //! file system allows it. Sources (loads) and sinks (saves) both hold one.
 
+use super::stamp::FileStamp;
 use super::IoMode;
+use rustix::fs::OFlags;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,12 +61,19 @@ impl FilePair {
     }
 }
 
+/// What a file is opened for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    Read,
+    /// Writing in place, creating the file if missing (never truncating).
+    WriteOrCreate,
+}
+
 /// An O_DIRECT descriptor for the file behind `file`, with the same access
 /// mode (never more): reopened through `/proc/self/fd`, because O_DIRECT set
 /// with `fcntl` would change the caller's own descriptor too. `None` where
 /// the file system refuses O_DIRECT.
 pub fn reopen_direct(file: &File) -> Option<File> {
-    use rustix::fs::OFlags;
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     let mode = rustix::fs::fcntl_getfl(file).ok()? & OFlags::ACCMODE;
@@ -76,13 +85,19 @@ pub fn reopen_direct(file: &File) -> Option<File> {
         .ok()
 }
 
-/// Opens `path` with `options` and returns it with its length, refusing
+/// Opens `path` for `access` and returns it with its stamp, refusing
 /// anything but a regular file. The open never blocks: it is made with
-/// O_NONBLOCK (opening a FIFO would otherwise wait for its other end),
-/// which is cleared again once the file is known to be regular.
-pub(crate) fn open_regular(options: &mut OpenOptions, path: &Path) -> crate::Result<(File, u64)> {
-    use rustix::fs::OFlags;
+/// O_NONBLOCK, so opening a FIFO does not wait for its other end and
+/// opening a file another process holds a lease on fails at once instead
+/// of waiting for the lease to break; the flag is cleared again once the
+/// file is known to be regular.
+pub(crate) fn open_regular(path: &Path, access: Access) -> crate::Result<(File, FileStamp)> {
     use std::os::unix::fs::OpenOptionsExt;
+    let mut options = OpenOptions::new();
+    match access {
+        Access::Read => options.read(true),
+        Access::WriteOrCreate => options.write(true).create(true).truncate(false),
+    };
     let file = options
         .custom_flags(OFlags::NONBLOCK.bits() as i32)
         .open(path)
@@ -95,30 +110,24 @@ pub(crate) fn open_regular(options: &mut OpenOptions, path: &Path) -> crate::Res
             }
             .unwrap_or_else(|| crate::Error::io(path, "cannot open", e))
         })?;
-    let len = regular_file_len(&file, path)?;
+    let stamp = FileStamp::of(&file, path)?;
     // With O_NONBLOCK an io_uring read that must wait for storage could fail
     // with EAGAIN instead of waiting.
     rustix::fs::fcntl_getfl(&file)
         .and_then(|flags| rustix::fs::fcntl_setfl(&file, flags - OFlags::NONBLOCK))
         .map_err(|e| crate::Error::io(path, "cannot clear O_NONBLOCK on", e.into()))?;
-    Ok((file, len))
+    Ok((file, stamp))
 }
 
 /// The length of `file`, which must be a regular file (`label` names it in
 /// errors, with what kind of file it is otherwise).
 pub fn regular_file_len(file: &File, label: &Path) -> crate::Result<u64> {
-    let meta = file
-        .metadata()
-        .map_err(|e| crate::Error::io(label, "cannot stat", e))?;
-    match not_regular(&meta, label) {
-        Some(e) => Err(e),
-        None => Ok(meta.len()),
-    }
+    Ok(FileStamp::of(file, label)?.len)
 }
 
 /// The error for a file that is not regular, naming what it is; `None` for
 /// a regular file.
-fn not_regular(meta: &std::fs::Metadata, label: &Path) -> Option<crate::Error> {
+pub(super) fn not_regular(meta: &std::fs::Metadata, label: &Path) -> Option<crate::Error> {
     use std::os::unix::fs::FileTypeExt;
     let t = meta.file_type();
     let kind = if t.is_file() {
@@ -140,4 +149,42 @@ fn not_regular(meta: &std::fs::Metadata, label: &Path) -> Option<crate::Error> {
         "{} is {kind}, not a regular file",
         label.display()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::SourceFile;
+
+    /// A fresh file holding `data`, alone in a directory of its own (see
+    /// [`remove`]).
+    fn test_file(name: &str, data: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("zerohop-fds-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, data).unwrap();
+        path
+    }
+
+    fn remove(test_file: &Path) {
+        std::fs::remove_dir_all(test_file.parent().unwrap()).unwrap();
+    }
+
+    /// A same-size rewrite that sets the modification time back is still
+    /// seen, through the status change time (which no writer can set).
+    #[test]
+    fn a_rewrite_that_restores_the_modification_time_is_seen() {
+        let path = test_file("restored-mtime", &[1u8; 4096]);
+        let file = SourceFile::open(&path).unwrap();
+        file.check_unchanged().unwrap();
+        let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+        // Past the file system's timestamp tick, so the new ctime differs.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let writer = OpenOptions::new().write(true).open(&path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&writer, &[2u8; 4096], 0).unwrap();
+        writer.set_modified(modified).unwrap();
+        let e = file.check_unchanged().unwrap_err();
+        assert!(e.to_string().contains("was changed"), "{e}");
+        remove(&path);
+    }
 }

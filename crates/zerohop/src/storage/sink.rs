@@ -1,7 +1,8 @@
 //! The write side of storage: files being written ([`SinkFile`]) and
 //! interchangeable write backends (`pwrite`, and a fault-injecting wrapper).
 
-use super::{FilePair, IoMode, DIRECT_ALIGN};
+use super::fds::{open_regular, Access};
+use super::{regular_file_len, FilePair, IoMode, DIRECT_ALIGN};
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -46,11 +47,8 @@ impl SinkFile {
     pub fn open_for_update(path: &Path, min_len: u64) -> Result<Self> {
         // Never blocks, and refuses anything but a regular file (a FIFO
         // there would wait for a reader).
-        let (buffered, len) = super::fds::open_regular(
-            OpenOptions::new().write(true).create(true).truncate(false),
-            path,
-        )?;
-        let len = extend_to(&buffered, path, len, min_len)?;
+        let (buffered, opened) = open_regular(path, Access::WriteOrCreate)?;
+        let len = extend_to(&buffered, path, opened.len, min_len)?;
         Ok(Self::with_direct(path, buffered, len))
     }
 
@@ -63,7 +61,7 @@ impl SinkFile {
         label: &Path,
         min_len: u64,
     ) -> Result<Self> {
-        let len = super::fds::regular_file_len(&buffered, label)?;
+        let len = regular_file_len(&buffered, label)?;
         let len = extend_to(&buffered, label, len, min_len)?;
         Ok(SinkFile {
             fds: FilePair::new(label, buffered, direct, len),
