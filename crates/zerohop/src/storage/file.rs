@@ -1,4 +1,4 @@
-use super::fds::{open_regular, Access};
+use super::fds::{blocking, open_regular, Access};
 use super::stamp::FileStamp;
 use super::FilePair;
 use crate::{Error, ErrorKind, Result};
@@ -49,9 +49,13 @@ impl SourceFile {
 
     /// Reads through descriptors someone else opened (the agent's clients
     /// pass theirs): `buffered` and, where possible, an O_DIRECT twin (see
-    /// [`super::reopen_direct`]). `label` names the file in errors.
+    /// [`super::reopen_direct`]). `label` names the file in errors. A
+    /// non-blocking descriptor is replaced by a blocking one for the same
+    /// file (see [`blocking`]); the caller's stays as it was.
     pub fn from_descriptors(buffered: File, direct: Option<File>, label: &Path) -> Result<Self> {
         let opened = FileStamp::of(&buffered, label)?;
+        let buffered = blocking(buffered, label)?;
+        let direct = direct.map(|d| blocking(d, label)).transpose()?;
         Ok(Self::new(label, buffered, direct, opened))
     }
 
