@@ -16,7 +16,7 @@ pub enum CacheDrop {
 /// Drops `path` from the page cache: drop_caches where permitted, else
 /// fadvise DONTNEED. Says which was done and the residency afterwards.
 pub fn drop_from_page_cache(path: &Path) -> std::io::Result<(CacheDrop, f64)> {
-    let (f, len) = crate::storage::open_regular(std::fs::OpenOptions::new().read(true), path)
+    let (f, stamp) = crate::storage::open_regular(path, crate::storage::Access::Read)
         .map_err(std::io::Error::other)?;
     // Dirty pages cannot be dropped: write them first. Failing that, the
     // residency reported below says what stayed cached.
@@ -31,6 +31,6 @@ pub fn drop_from_page_cache(path: &Path) -> std::io::Result<(CacheDrop, f64)> {
     };
     Ok((
         how,
-        crate::storage::page_cache_residency(&f, len).unwrap_or(0.0),
+        crate::storage::page_cache_residency(&f, stamp.len).unwrap_or(0.0),
     ))
 }

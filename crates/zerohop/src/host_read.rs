@@ -29,7 +29,9 @@ pub(crate) fn read_to_host(
     let started = Instant::now();
     let cpu_before = crate::stats::cpu_seconds();
     let mut len = 0;
-    // Each file once, by path, to count them and check them afterwards.
+    // Each file once, to count them and check them afterwards: by identity,
+    // since two different files may carry one label (descriptors a client
+    // passed, a path opened again after the file was replaced).
     let mut files = std::collections::HashMap::new();
     for r in &reads {
         let n = r.dst.len() as u64;
@@ -45,7 +47,7 @@ pub(crate) fn read_to_host(
             ));
         }
         len += n;
-        files.insert(r.file.path(), r.file);
+        files.insert(std::ptr::from_ref(r.file), r.file);
     }
     let file_count = files.len();
     let aligned = |at: u64, buf: &[u8]| {

@@ -493,7 +493,7 @@ fn a_file_truncated_during_a_load_is_a_clear_error() {
         assert_eq!(e.kind(), ErrorKind::Io, "{hot:?}: {e}");
         assert!(
             e.to_string()
-                .contains("shrank from 4 MiB to 2 MiB during the load"),
+                .contains("shrank from 4 MiB to 2 MiB since it was opened"),
             "{hot:?}: {e}"
         );
     }
@@ -520,7 +520,7 @@ fn a_file_modified_during_a_load_is_a_clear_error() {
     };
     let e = engine.load_files(&[&path], Some(&rewrite)).unwrap_err();
     assert!(
-        e.to_string().contains("was modified during the load"),
+        e.to_string().contains("was modified since it was opened"),
         "{e}"
     );
     // Host reads check too.
@@ -534,6 +534,49 @@ fn a_file_modified_during_a_load_is_a_clear_error() {
     let mut dst = vec![0u8; 1 << 20];
     let e = engine.read_to_host(&files[0], 0, &mut dst).unwrap_err();
     assert!(e.to_string().contains("shrank from 1 MiB to 1000 B"), "{e}");
+}
+
+/// Two different files under one label (as a client's descriptors may be)
+/// are two files to a host read: both counted, both checked for changes.
+#[test]
+fn host_reads_tell_files_apart_by_identity_not_label() {
+    let dir = TestDir::new("same-label");
+    let (a, b) = (
+        write(&dir.path("a"), &pattern(1 << 20, 19)),
+        write(&dir.path("b"), &pattern(1 << 20, 20)),
+    );
+    let label = std::path::Path::new("model.safetensors");
+    let open = |p: &std::path::Path| {
+        zerohop::storage::SourceFile::from_descriptors(std::fs::File::open(p).unwrap(), None, label)
+            .unwrap()
+    };
+    let (fa, fb) = (open(&a), open(&b));
+    let engine = Engine::new(
+        sim(10),
+        config(8192, 4, 2, DirectIo::Never, HotRoute::Staged),
+    )
+    .unwrap();
+    let (mut da, mut db) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    let stats = engine
+        .read_many_to_host(vec![(&fa, 0, &mut da[..]), (&fb, 0, &mut db[..])])
+        .unwrap();
+    assert_eq!(stats.files, 2);
+    assert!(da == pattern(1 << 20, 19) && db == pattern(1 << 20, 20));
+    // The first of the two changes: still seen, though the second has the
+    // same label.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&a)
+        .unwrap()
+        .set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1000))
+        .unwrap();
+    let e = engine
+        .read_many_to_host(vec![(&fa, 0, &mut da[..]), (&fb, 0, &mut db[..])])
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("was modified since it was opened"),
+        "{e}"
+    );
 }
 
 /// A FIFO (or any file that is not regular) is refused at once, naming the

@@ -3,8 +3,10 @@
 //! not pay for measuring again).
 
 use super::route::{Route, STAGED};
+use crate::storage::atomic;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 /// What the engine measured for each hot route.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -57,14 +59,22 @@ pub(crate) fn load(path: &Path, key: &str) -> Option<HotChoice> {
 }
 
 /// Best effort: a cache that cannot be written costs a re-measurement later.
+/// Engines of one process (one per GPU) store one at a time, so neither
+/// loses the other's entry; another process storing at the same moment can
+/// still replace this one's, which costs it the same re-measurement.
 pub(crate) fn store(path: &Path, key: &str, choice: HotChoice) {
+    static STORING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = STORING.lock().unwrap_or_else(PoisonError::into_inner);
+    atomic::remove_stale_temps(path);
     let mut all: BTreeMap<String, HotChoice> = std::fs::read(path)
         .ok()
         .and_then(|t| serde_json::from_slice(&t).ok())
         .unwrap_or_default();
     all.insert(key.to_string(), choice);
-    let Some(dir) = path.parent() else { return };
-    let tmp = dir.join(format!(".hot-route.{}.tmp", std::process::id()));
+    // A name of its own (pid and a counter): writers never share one.
+    let (Some(dir), Ok(tmp)) = (path.parent(), atomic::temp_sibling(path)) else {
+        return;
+    };
     let written = std::fs::create_dir_all(dir)
         .and_then(|()| {
             std::fs::write(
@@ -105,6 +115,32 @@ mod tests {
         assert_eq!(a.route(), STAGED);
         std::fs::write(&file, "not json").unwrap();
         assert_eq!(load(&file, "gpu a"), None, "a corrupt cache is ignored");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn engines_storing_at_once_keep_every_entry() {
+        let dir =
+            std::env::temp_dir().join(format!("zerohop-hot-choice-many-{}", std::process::id()));
+        let file = dir.join("hot-route.json");
+        let choice = HotChoice {
+            staged_gbps: 20.0,
+            dma_gbps: 25.0,
+        };
+        std::thread::scope(|s| {
+            for i in 0..8 {
+                let file = &file;
+                s.spawn(move || store(file, &format!("gpu {i}"), choice));
+            }
+        });
+        for i in 0..8 {
+            assert_eq!(load(&file, &format!("gpu {i}")), Some(choice), "gpu {i}");
+        }
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["hot-route.json"], "no temporary file is left");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

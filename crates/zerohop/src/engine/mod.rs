@@ -169,7 +169,7 @@ impl Engine {
                     DirectIo::Never => false,
                     DirectIo::Always => true,
                     DirectIo::Auto => *cold
-                        .entry(file.path())
+                        .entry(std::ptr::from_ref(file))
                         .or_insert_with(|| file.resident_fraction() < self.config.hot_threshold),
                 },
             })

@@ -1,7 +1,9 @@
 //! A file opened twice: through the page cache, and with O_DIRECT where the
 //! file system allows it. Sources (loads) and sinks (saves) both hold one.
 
+use super::stamp::FileStamp;
 use super::IoMode;
+use rustix::fs::OFlags;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,30 +61,69 @@ impl FilePair {
     }
 }
 
-/// An O_DIRECT descriptor for the file behind `file`, with the same access
-/// mode (never more): reopened through `/proc/self/fd`, because O_DIRECT set
-/// with `fcntl` would change the caller's own descriptor too. `None` where
-/// the file system refuses O_DIRECT.
-pub fn reopen_direct(file: &File) -> Option<File> {
-    use rustix::fs::OFlags;
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mode = rustix::fs::fcntl_getfl(file).ok()? & OFlags::ACCMODE;
-    std::fs::OpenOptions::new()
-        .read(mode != OFlags::WRONLY)
-        .write(mode != OFlags::RDONLY)
-        .custom_flags(OFlags::DIRECT.bits() as i32)
-        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
-        .ok()
+/// What a file is opened for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    Read,
+    /// Writing in place, creating the file if missing (never truncating).
+    WriteOrCreate,
 }
 
-/// Opens `path` with `options` and returns it with its length, refusing
-/// anything but a regular file. The open never blocks: it is made with
-/// O_NONBLOCK (opening a FIFO would otherwise wait for its other end),
-/// which is cleared again once the file is known to be regular.
-pub(crate) fn open_regular(options: &mut OpenOptions, path: &Path) -> crate::Result<(File, u64)> {
-    use rustix::fs::OFlags;
+/// An O_DIRECT descriptor for the file behind `file`, with the same access
+/// mode (never more), reopened through `/proc/self/fd` (see [`reopen`]):
+/// O_DIRECT set with `fcntl` would change the caller's own descriptor too.
+/// `None` where the file system refuses O_DIRECT.
+pub fn reopen_direct(file: &File) -> Option<File> {
+    reopen(file, OFlags::DIRECT).ok()
+}
+
+/// `file`, or where it is non-blocking, the same file reopened without
+/// O_NONBLOCK (keeping O_APPEND and O_DIRECT, which change what I/O does):
+/// io_uring fails a read of a non-blocking file with EAGAIN rather than
+/// wait for storage, and clearing the flag with `fcntl` would change the
+/// description the caller (a client of the agent) shares.
+pub(crate) fn blocking(file: File, label: &Path) -> crate::Result<File> {
+    let flags = rustix::fs::fcntl_getfl(&file)
+        .map_err(|e| crate::Error::io(label, "cannot read the flags of", e.into()))?;
+    // An O_PATH descriptor grants no I/O, and reopening it would.
+    if !flags.contains(OFlags::NONBLOCK) || flags.contains(OFlags::PATH) {
+        return Ok(file);
+    }
+    reopen(&file, flags & (OFlags::APPEND | OFlags::DIRECT))
+        .map_err(|e| crate::Error::io(label, "cannot reopen without O_NONBLOCK", e))
+}
+
+/// The file behind `file` opened anew through `/proc/self/fd`, so it is
+/// that very file even if its path now names another, with the same access
+/// mode and the status flags `flags`. The open is non-blocking (it fails
+/// at once on a file another process holds a lease on, instead of waiting
+/// for the lease to break); that flag is cleared after unless in `flags`.
+fn reopen(file: &File, flags: OFlags) -> std::io::Result<File> {
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
+    let mode = rustix::fs::fcntl_getfl(file)? & OFlags::ACCMODE;
+    let reopened = std::fs::OpenOptions::new()
+        .read(mode != OFlags::WRONLY)
+        .write(mode != OFlags::RDONLY)
+        .custom_flags((flags | OFlags::NONBLOCK).bits() as i32)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+    rustix::fs::fcntl_setfl(&reopened, flags)?;
+    Ok(reopened)
+}
+
+/// Opens `path` for `access` and returns it with its stamp, refusing
+/// anything but a regular file. The open never blocks: it is made with
+/// O_NONBLOCK, so opening a FIFO does not wait for its other end and
+/// opening a file another process holds a lease on fails at once instead
+/// of waiting for the lease to break; the flag is cleared again once the
+/// file is known to be regular.
+pub(crate) fn open_regular(path: &Path, access: Access) -> crate::Result<(File, FileStamp)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = OpenOptions::new();
+    match access {
+        Access::Read => options.read(true),
+        Access::WriteOrCreate => options.write(true).create(true).truncate(false),
+    };
     let file = options
         .custom_flags(OFlags::NONBLOCK.bits() as i32)
         .open(path)
@@ -95,30 +136,24 @@ pub(crate) fn open_regular(options: &mut OpenOptions, path: &Path) -> crate::Res
             }
             .unwrap_or_else(|| crate::Error::io(path, "cannot open", e))
         })?;
-    let len = regular_file_len(&file, path)?;
+    let stamp = FileStamp::of(&file, path)?;
     // With O_NONBLOCK an io_uring read that must wait for storage could fail
     // with EAGAIN instead of waiting.
     rustix::fs::fcntl_getfl(&file)
         .and_then(|flags| rustix::fs::fcntl_setfl(&file, flags - OFlags::NONBLOCK))
         .map_err(|e| crate::Error::io(path, "cannot clear O_NONBLOCK on", e.into()))?;
-    Ok((file, len))
+    Ok((file, stamp))
 }
 
 /// The length of `file`, which must be a regular file (`label` names it in
 /// errors, with what kind of file it is otherwise).
 pub fn regular_file_len(file: &File, label: &Path) -> crate::Result<u64> {
-    let meta = file
-        .metadata()
-        .map_err(|e| crate::Error::io(label, "cannot stat", e))?;
-    match not_regular(&meta, label) {
-        Some(e) => Err(e),
-        None => Ok(meta.len()),
-    }
+    Ok(FileStamp::of(file, label)?.len)
 }
 
 /// The error for a file that is not regular, naming what it is; `None` for
 /// a regular file.
-fn not_regular(meta: &std::fs::Metadata, label: &Path) -> Option<crate::Error> {
+pub(super) fn not_regular(meta: &std::fs::Metadata, label: &Path) -> Option<crate::Error> {
     use std::os::unix::fs::FileTypeExt;
     let t = meta.file_type();
     let kind = if t.is_file() {
@@ -140,4 +175,134 @@ fn not_regular(meta: &std::fs::Metadata, label: &Path) -> Option<crate::Error> {
         "{} is {kind}, not a regular file",
         label.display()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{ReadBackend, SinkFile, SourceFile, WriteBackend};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+
+    /// A fresh file holding `data`, alone in a directory of its own (see
+    /// [`remove`]).
+    fn test_file(name: &str, data: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("zerohop-fds-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, data).unwrap();
+        path
+    }
+
+    fn remove(test_file: &Path) {
+        std::fs::remove_dir_all(test_file.parent().unwrap()).unwrap();
+    }
+
+    fn non_blocking(path: &Path, write: bool) -> File {
+        OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .custom_flags(OFlags::NONBLOCK.bits() as i32)
+            .open(path)
+            .unwrap()
+    }
+
+    fn flags(file: &File) -> OFlags {
+        rustix::fs::fcntl_getfl(file).unwrap()
+    }
+
+    fn identity(file: &File) -> (u64, u64) {
+        let meta = file.metadata().unwrap();
+        (meta.dev(), meta.ino())
+    }
+
+    #[test]
+    fn a_non_blocking_descriptor_is_read_through_a_blocking_one() {
+        let data: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
+        let path = test_file("nonblocking-source", &data);
+        let client = non_blocking(&path, false);
+        let passed = client.try_clone().unwrap();
+        let direct = reopen_direct(&passed);
+        let file = SourceFile::from_descriptors(passed, direct, Path::new("label")).unwrap();
+        for mode in [IoMode::Buffered, IoMode::Direct] {
+            let fd = file.fd_for(mode);
+            assert!(!flags(fd).contains(OFlags::NONBLOCK), "{mode:?}");
+            assert_eq!(flags(fd) & OFlags::ACCMODE, OFlags::RDONLY, "{mode:?}");
+            assert_eq!(identity(fd), identity(&client), "{mode:?}");
+        }
+        assert!(
+            flags(&client).contains(OFlags::NONBLOCK),
+            "the client's own description is left as it was"
+        );
+        let mut backends: Vec<Box<dyn ReadBackend>> = vec![Box::new(crate::storage::PreadBackend)];
+        if let Ok(uring) = crate::storage::UringBackend::probe() {
+            backends.push(Box::new(uring));
+        }
+        for backend in backends {
+            let mut got = vec![0u8; data.len()];
+            let n = backend
+                .reader()
+                .unwrap()
+                .read_at(&file, IoMode::Buffered, 0, &mut got)
+                .unwrap();
+            assert!(n == data.len() && got == data, "{}", backend.name());
+        }
+        remove(&path);
+    }
+
+    #[test]
+    fn a_non_blocking_descriptor_is_written_through_a_blocking_one() {
+        let path = test_file("nonblocking-sink", b"");
+        let client = non_blocking(&path, true);
+        let passed = client.try_clone().unwrap();
+        let sink = SinkFile::from_descriptors(passed, None, Path::new("label"), 8192).unwrap();
+        let fd = sink.fd_for(IoMode::Buffered);
+        assert!(!flags(fd).contains(OFlags::NONBLOCK));
+        assert_eq!(flags(fd) & OFlags::ACCMODE, OFlags::WRONLY);
+        assert!(flags(&client).contains(OFlags::NONBLOCK));
+        crate::storage::PwriteBackend
+            .write_at(&sink, IoMode::Buffered, 4096, b"written")
+            .unwrap();
+        let back = std::fs::read(&path).unwrap();
+        assert!(back.len() == 8192 && &back[4096..4103] == b"written");
+        remove(&path);
+    }
+
+    /// The O_DIRECT twin of a file opened for update is that very file,
+    /// write-only like it (where the file system allows O_DIRECT at all).
+    #[test]
+    fn the_direct_twin_of_a_sink_is_the_same_file_write_only() {
+        let path = test_file("sink-twin", b"");
+        let sink = SinkFile::open_for_update(&path, 8192).unwrap();
+        // The path now names another file: the twin must not follow it.
+        let other = test_file("sink-other", b"other");
+        std::fs::rename(&other, &path).unwrap();
+        remove(&other);
+        if sink.direct_capable() {
+            let (direct, buffered) = (sink.fd_for(IoMode::Direct), sink.fd_for(IoMode::Buffered));
+            assert!(flags(direct).contains(OFlags::DIRECT));
+            assert_eq!(flags(direct) & OFlags::ACCMODE, OFlags::WRONLY);
+            assert_eq!(identity(direct), identity(buffered));
+        } else {
+            eprintln!("skipped: this file system refuses O_DIRECT");
+        }
+        remove(&path);
+    }
+
+    /// A same-size rewrite that sets the modification time back is still
+    /// seen, through the status change time (which no writer can set).
+    #[test]
+    fn a_rewrite_that_restores_the_modification_time_is_seen() {
+        let path = test_file("restored-mtime", &[1u8; 4096]);
+        let file = SourceFile::open(&path).unwrap();
+        file.check_unchanged().unwrap();
+        let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+        // Past the file system's timestamp tick, so the new ctime differs.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let writer = OpenOptions::new().write(true).open(&path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&writer, &[2u8; 4096], 0).unwrap();
+        writer.set_modified(modified).unwrap();
+        let e = file.check_unchanged().unwrap_err();
+        assert!(e.to_string().contains("was changed"), "{e}");
+        remove(&path);
+    }
 }

@@ -1,10 +1,10 @@
+use super::fds::{blocking, open_regular, Access};
+use super::stamp::FileStamp;
 use super::FilePair;
-use crate::stats::human_bytes;
 use crate::{Error, ErrorKind, Result};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::time::SystemTime;
 
 /// How a file's bytes are read or written: through the page cache or with
 /// O_DIRECT (a storage mode that both staged routes and saves use).
@@ -22,9 +22,9 @@ pub enum IoMode {
 #[derive(Debug)]
 pub struct SourceFile {
     fds: FilePair,
-    /// When the file was last modified as it was opened: a load that sees
-    /// it change reports that the file changed under it.
-    modified: Option<SystemTime>,
+    /// What the file looked like when opened: a read that sees it change
+    /// reports how.
+    opened: FileStamp,
 }
 
 impl std::ops::Deref for SourceFile {
@@ -39,51 +39,45 @@ impl SourceFile {
     /// a FIFO, a device, a socket) is a clear error, and the open never
     /// blocks (opening a FIFO would wait for a writer).
     pub fn open(path: &Path) -> Result<Self> {
-        let (buffered, len) = super::fds::open_regular(OpenOptions::new().read(true), path)?;
+        let (buffered, opened) = open_regular(path, Access::Read)?;
         // The O_DIRECT twin reopens this very file, not the path again (which
         // may name something else by now). tmpfs and some FUSE file systems
         // refuse O_DIRECT (EINVAL): then only buffered reads are possible.
         let direct = super::reopen_direct(&buffered);
-        Ok(Self::new(path, buffered, direct, len))
+        Ok(Self::new(path, buffered, direct, opened))
     }
 
     /// Reads through descriptors someone else opened (the agent's clients
     /// pass theirs): `buffered` and, where possible, an O_DIRECT twin (see
-    /// [`super::reopen_direct`]). `label` names the file in errors.
+    /// [`super::reopen_direct`]). `label` names the file in errors. A
+    /// non-blocking descriptor is replaced by a blocking one for the same
+    /// file (see [`blocking`]); the caller's stays as it was.
     pub fn from_descriptors(buffered: File, direct: Option<File>, label: &Path) -> Result<Self> {
-        let len = super::fds::regular_file_len(&buffered, label)?;
-        Ok(Self::new(label, buffered, direct, len))
+        let opened = FileStamp::of(&buffered, label)?;
+        let buffered = blocking(buffered, label)?;
+        let direct = direct.map(|d| blocking(d, label)).transpose()?;
+        Ok(Self::new(label, buffered, direct, opened))
     }
 
-    fn new(label: &Path, buffered: File, direct: Option<File>, len: u64) -> Self {
-        let modified = buffered.metadata().and_then(|m| m.modified()).ok();
+    fn new(label: &Path, buffered: File, direct: Option<File>, opened: FileStamp) -> Self {
         SourceFile {
-            fds: FilePair::new(label, buffered, direct, len),
-            modified,
+            fds: FilePair::new(label, buffered, direct, opened.len),
+            opened,
         }
     }
 
     /// An error saying how the file changed since it was opened (its size,
-    /// or its modification time), if it did.
+    /// its modification time or its status change time), if it did. Best
+    /// effort: see [`FileStamp::changed_since`].
     pub fn check_unchanged(&self) -> Result<()> {
-        let meta = self
-            .fd_for(IoMode::Buffered)
-            .metadata()
-            .map_err(|e| Error::io(self.path(), "cannot stat", e))?;
-        let (was, now) = (self.len(), meta.len());
-        let what = if now < was {
-            format!("shrank from {} to {}", human_bytes(was), human_bytes(now))
-        } else if now > was {
-            format!("grew from {} to {}", human_bytes(was), human_bytes(now))
-        } else if meta.modified().ok() != self.modified {
-            "was modified".to_string()
-        } else {
-            return Ok(());
-        };
-        Err(Error::new(
-            ErrorKind::Io,
-            format!("{} {what} during the load", self.path().display()),
-        ))
+        let now = FileStamp::of(self.fd_for(IoMode::Buffered), self.path())?;
+        match now.changed_since(&self.opened) {
+            None => Ok(()),
+            Some(what) => Err(Error::new(
+                ErrorKind::Io,
+                format!("{} {what} since it was opened", self.path().display()),
+            )),
+        }
     }
 
     /// Reads at `offset` through the page cache, for header parsing.

@@ -9,9 +9,10 @@ mod file;
 mod mapping;
 mod psync;
 mod sink;
+mod stamp;
 mod uring;
 
-pub(crate) use fds::open_regular;
+pub(crate) use fds::{open_regular, Access};
 pub use fds::{regular_file_len, reopen_direct, FilePair};
 pub use file::{IoMode, SourceFile};
 pub use mapping::{page_cache_residency, FileMapping};

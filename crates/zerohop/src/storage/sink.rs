@@ -1,11 +1,12 @@
 //! The write side of storage: files being written ([`SinkFile`]) and
 //! interchangeable write backends (`pwrite`, and a fault-injecting wrapper).
 
-use super::{FilePair, IoMode, DIRECT_ALIGN};
+use super::fds::{blocking, open_regular, Access};
+use super::{regular_file_len, reopen_direct, FilePair, IoMode, DIRECT_ALIGN};
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 /// A file being written, sized up front, with an O_DIRECT descriptor when
@@ -46,24 +47,24 @@ impl SinkFile {
     pub fn open_for_update(path: &Path, min_len: u64) -> Result<Self> {
         // Never blocks, and refuses anything but a regular file (a FIFO
         // there would wait for a reader).
-        let (buffered, len) = super::fds::open_regular(
-            OpenOptions::new().write(true).create(true).truncate(false),
-            path,
-        )?;
-        let len = extend_to(&buffered, path, len, min_len)?;
+        let (buffered, opened) = open_regular(path, Access::WriteOrCreate)?;
+        let len = extend_to(&buffered, path, opened.len, min_len)?;
         Ok(Self::with_direct(path, buffered, len))
     }
 
     /// Writes through descriptors someone else opened (see
-    /// [`SourceFile::from_descriptors`](super::SourceFile::from_descriptors)),
-    /// extending the file to `min_len` if it is shorter.
+    /// [`SourceFile::from_descriptors`](super::SourceFile::from_descriptors):
+    /// non-blocking ones are replaced likewise), extending the file to
+    /// `min_len` if it is shorter.
     pub fn from_descriptors(
         buffered: File,
         direct: Option<File>,
         label: &Path,
         min_len: u64,
     ) -> Result<Self> {
-        let len = super::fds::regular_file_len(&buffered, label)?;
+        let len = regular_file_len(&buffered, label)?;
+        let buffered = blocking(buffered, label)?;
+        let direct = direct.map(|d| blocking(d, label)).transpose()?;
         let len = extend_to(&buffered, label, len, min_len)?;
         Ok(SinkFile {
             fds: FilePair::new(label, buffered, direct, len),
@@ -72,12 +73,10 @@ impl SinkFile {
     }
 
     fn with_direct(path: &Path, buffered: File, len: u64) -> Self {
+        // The O_DIRECT twin reopens this very file, write-only like it, not
+        // the path again (which may name another file, or a FIFO, by now).
         // Some file systems (older tmpfs, FUSE) refuse O_DIRECT: buffered only.
-        let direct = OpenOptions::new()
-            .write(true)
-            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-            .open(path)
-            .ok();
+        let direct = reopen_direct(&buffered);
         SinkFile {
             fds: FilePair::new(path, buffered, direct, len),
             sync_parent: true,

@@ -1,0 +1,55 @@
+//! Whether a file changed since it was opened, told by its length and its
+//! times as one `fstat` gives them.
+
+use crate::stats::human_bytes;
+use std::fs::File;
+use std::path::Path;
+
+/// What one `fstat` said about a regular file: its length, and the times
+/// that tell whether it changed since (see [`FileStamp::changed_since`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileStamp {
+    pub len: u64,
+    /// Modification time, (seconds, nanoseconds).
+    modified: (i64, i64),
+    /// Status change time: unlike the modification time, no writer can set
+    /// it back, so a rewrite that restores the old mtime still shows.
+    status_changed: (i64, i64),
+}
+
+impl FileStamp {
+    /// The stamp of `file`, which must be a regular file (`label` names it
+    /// in errors, with what kind of file it is otherwise).
+    pub(crate) fn of(file: &File, label: &Path) -> crate::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = file
+            .metadata()
+            .map_err(|e| crate::Error::io(label, "cannot stat", e))?;
+        if let Some(e) = super::fds::not_regular(&meta, label) {
+            return Err(e);
+        }
+        Ok(FileStamp {
+            len: meta.len(),
+            modified: (meta.mtime(), meta.mtime_nsec()),
+            status_changed: (meta.ctime(), meta.ctime_nsec()),
+        })
+    }
+
+    /// How the file changed from `earlier` to this stamp, in words (`None`
+    /// when it looks the same). Best effort: a same-size rewrite within one
+    /// tick of the file system's clock leaves both times as they were.
+    pub(crate) fn changed_since(&self, earlier: &FileStamp) -> Option<String> {
+        let (was, now) = (earlier.len, self.len);
+        Some(if now < was {
+            format!("shrank from {} to {}", human_bytes(was), human_bytes(now))
+        } else if now > was {
+            format!("grew from {} to {}", human_bytes(was), human_bytes(now))
+        } else if self.modified != earlier.modified {
+            "was modified".to_string()
+        } else if self.status_changed != earlier.status_changed {
+            "was changed (its contents or attributes)".to_string()
+        } else {
+            return None;
+        })
+    }
+}
