@@ -140,7 +140,7 @@ pub fn hung_up(socket: &impl AsFd) -> bool {
 }
 
 /// A duration as a kernel timeout (one too long to express waits "forever").
-pub(crate) fn timespec(d: Duration) -> Timespec {
+pub fn timespec(d: Duration) -> Timespec {
     Timespec::try_from(d).unwrap_or(Timespec {
         tv_sec: i64::MAX,
         tv_nsec: 0,
