@@ -6,6 +6,7 @@
 
 use crate::engines::Engines;
 use crate::resources::{Buffer, Memory, RegisteredFile};
+use rustix::io::Errno;
 use std::collections::HashMap;
 use zerohop::plan::TransferPlan;
 use zerohop::{Engine, Error, ErrorKind, Result};
@@ -139,12 +140,13 @@ fn errno(e: &Error) -> i64 {
     let os = std::error::Error::source(e)
         .and_then(|s| s.downcast_ref::<std::io::Error>())
         .and_then(|io| io.raw_os_error());
-    i64::from(os.unwrap_or(match e.kind() {
-        ErrorKind::StorageFull => libc::ENOSPC,
-        ErrorKind::InvalidInput | ErrorKind::Format => libc::EINVAL,
-        ErrorKind::NotFound => libc::ENOENT,
-        ErrorKind::PermissionDenied => libc::EACCES,
-        ErrorKind::OutOfMemory => libc::ENOMEM,
-        _ => libc::EIO,
-    }))
+    let by_kind = match e.kind() {
+        ErrorKind::StorageFull => Errno::NOSPC,
+        ErrorKind::InvalidInput | ErrorKind::Format => Errno::INVAL,
+        ErrorKind::NotFound => Errno::NOENT,
+        ErrorKind::PermissionDenied => Errno::ACCESS,
+        ErrorKind::OutOfMemory => Errno::NOMEM,
+        _ => Errno::IO,
+    };
+    i64::from(os.unwrap_or(by_kind.raw_os_error()))
 }

@@ -27,6 +27,7 @@ mod wakeups;
 pub use logger::init_logging;
 
 use log::{error, info, warn};
+use rustix::io::Errno;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -141,8 +142,10 @@ fn bind(path: &Path, group_access: bool) -> zerohop::Result<OwnedFd> {
     if path.exists() {
         match socket::connect(path) {
             // Only a socket nobody listens on is stale.
-            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => std::fs::remove_file(path)
-                .map_err(|e| zerohop::Error::io(path, "cannot remove the stale socket", e))?,
+            Err(e) if e.raw_os_error() == Some(Errno::CONNREFUSED.raw_os_error()) => {
+                std::fs::remove_file(path)
+                    .map_err(|e| zerohop::Error::io(path, "cannot remove the stale socket", e))?
+            }
             _ => {
                 return Err(zerohop::Error::new(
                     zerohop::ErrorKind::AlreadyExists,

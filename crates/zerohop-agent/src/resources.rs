@@ -4,6 +4,7 @@
 use crate::engines::{CudaEngine, Engines};
 use std::fs::File;
 use std::path::PathBuf;
+use zerohop::stats::human_bytes;
 use zerohop::storage::{regular_file_len, reopen_direct, SinkFile, SourceFile};
 use zerohop::{DeviceBuffer, Error, Result};
 use zerohop_cuda::{IpcMapping, VmmMapping};
@@ -154,7 +155,9 @@ impl Buffer {
         };
         if offset.checked_add(len).is_none_or(|end| end > size as u64) {
             return Err(Error::invalid(format!(
-                "{len} bytes at offset {offset} lie outside the {size}-byte allocation"
+                "{} at offset {offset} lie outside the {} allocation",
+                human_bytes(len),
+                human_bytes(size as u64)
             )));
         }
         // SAFETY: the range lies inside the mapped allocation (just checked),

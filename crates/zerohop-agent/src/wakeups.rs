@@ -39,8 +39,8 @@ impl Wakeups {
     /// The tokens of what became ready within `timeout`.
     pub fn wait(&self, timeout: Duration) -> io::Result<Vec<u64>> {
         let mut events = [MaybeUninit::<Event>::uninit(); 32];
-        let timeout = rustix::event::Timespec::try_from(timeout).ok();
-        match epoll::wait(&self.epoll, &mut events, timeout.as_ref()) {
+        let timeout = zerohop_wire::socket::timespec(timeout);
+        match epoll::wait(&self.epoll, &mut events, Some(&timeout)) {
             Ok((ready, _)) => Ok(ready.iter().map(|e| e.data.u64()).collect()),
             Err(Errno::INTR) => Ok(Vec::new()),
             Err(e) => Err(e.into()),

@@ -202,7 +202,8 @@ fn host_and_simulated_device_buffers_round_trip() {
 #[test]
 fn many_clients_at_once() {
     let dir = TempDir::new("stress");
-    for memory in ["host", "sim"] {
+    // `auto` is the GPU where there is one, else host memory.
+    for memory in ["host", "sim", "auto"] {
         let out = Command::new(env!("CARGO_BIN_EXE_zerohop"))
             .args([
                 "bench",
@@ -225,6 +226,31 @@ fn many_clients_at_once() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(text.contains("2400 completed"), "{text}");
+    }
+}
+
+#[test]
+fn a_stress_client_takes_the_common_device_words() {
+    let agent = Agent::start(&[]);
+    let dir = TempDir::new("client-words");
+    for memory in ["cpu", "host", "sim"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_zerohop"))
+            .args(["bench", "agent-client", "--ios", "50", "--seed", "3"])
+            .args(["--memory", memory, "--socket"])
+            .arg(&agent.socket)
+            .arg("--file")
+            .arg(dir.0.join(memory))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{memory}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["completions"], 50, "{memory}: {report}");
+        assert_eq!(report["mismatches"], 0, "{memory}: {report}");
+        assert_eq!(report["errors"], 0, "{memory}: {report}");
     }
 }
 
@@ -693,19 +719,19 @@ fn c_compiler() -> String {
     cc
 }
 
-#[test]
-fn the_c_example_copies_a_file() {
+/// Compiles the C program `source` against `zerohop.h` and the freshly
+/// built `libzerohop_client.so` into `exe`; returns the library's folder
+/// (for `LD_LIBRARY_PATH`).
+fn compile_c(source: &Path, exe: &Path) -> PathBuf {
     let cc = c_compiler();
     let lib_dir = build_c_library();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zerohop-client");
-    let dir = TempDir::new("c");
-    let exe = dir.0.join("copy_file");
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zerohop-client/include");
     let compiled = Command::new(&cc)
         .args(["-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
+        .arg(exe)
         .arg("-I")
-        .arg(root.join("include"))
-        .arg(root.join("examples/c/copy_file.c"))
+        .arg(include)
+        .arg(source)
         .arg("-L")
         .arg(&lib_dir)
         .arg("-lzerohop_client")
@@ -716,6 +742,15 @@ fn the_c_example_copies_a_file() {
         "{}",
         String::from_utf8_lossy(&compiled.stderr)
     );
+    lib_dir
+}
+
+#[test]
+fn the_c_example_copies_a_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zerohop-client");
+    let dir = TempDir::new("c");
+    let exe = dir.0.join("copy_file");
+    let lib_dir = compile_c(&root.join("examples/c/copy_file.c"), &exe);
     let agent = Agent::start(&[]);
     let data = pattern(3_000_001, 6);
     std::fs::write(dir.0.join("src"), &data).unwrap();
@@ -732,4 +767,49 @@ fn the_c_example_copies_a_file() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert_eq!(std::fs::read(dir.0.join("dst")).unwrap(), data);
+}
+
+/// Registers a negative descriptor, a closed one, an open one, and the open
+/// one again; prints the four return codes.
+const REG_FD_C: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+#include "zerohop.h"
+int main(int argc, char **argv) {
+    zh_client *c;
+    int rc = argc == 3 ? zh_client_connect(argv[1], &c) : -1;
+    int fd = open(argc == 3 ? argv[2] : "", O_RDONLY);
+    if (rc < 0 || fd < 0) return 1;
+    int closed = dup(fd);
+    close(closed);
+    int negative = zh_reg_fd(c, -1);
+    int gone = zh_reg_fd(c, closed);
+    int first = zh_reg_fd(c, fd);
+    int again = zh_reg_fd(c, fd);
+    printf("%d %d %d %d\n", negative, gone, first, again);
+    zh_client_close(c);
+    return 0;
+}
+"#;
+
+#[test]
+fn zh_reg_fd_refuses_negative_closed_and_repeated_descriptors() {
+    let dir = TempDir::new("c-reg");
+    std::fs::write(dir.0.join("reg_fd.c"), REG_FD_C).unwrap();
+    std::fs::write(dir.0.join("data"), b"zerohop").unwrap();
+    let exe = dir.0.join("reg_fd");
+    let lib_dir = compile_c(&dir.0.join("reg_fd.c"), &exe);
+    let agent = Agent::start(&[]);
+    let run = Command::new(&exe)
+        .arg(&agent.socket)
+        .arg(dir.0.join("data"))
+        .env("LD_LIBRARY_PATH", &lib_dir)
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{run:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout).trim(),
+        format!("{} {} 0 {}", -libc::EBADF, -libc::EBADF, -libc::EEXIST)
+    );
 }

@@ -7,7 +7,6 @@ use crate::{Client, HostBuffer, IoRing, Submission};
 use rustix::io::Errno;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::fs::File;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
@@ -194,17 +193,16 @@ pub unsafe extern "C" fn zh_reg_fd(client: *mut ZhClient, fd: c_int) -> c_int {
         if fd < 0 {
             return Err(Errno::BADF.into());
         }
-        // SAFETY: the caller keeps `fd` open during the call (the
-        // contract); it is borrowed, never closed here.
+        // SAFETY: `fd` is not negative (checked above), and the caller
+        // keeps it open during the call (the contract); it is borrowed,
+        // never closed here. A descriptor that is not open anyway makes the
+        // send fail with EBADF.
         let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-        // A duplicate to register (the agent receives one anyway), closed
-        // when this call returns.
-        let file = File::from(borrowed.try_clone_to_owned()?);
         let mut files = c.files.lock().unwrap_or_else(|p| p.into_inner());
         if files.contains_key(&fd) {
             return Err(io::Error::from(Errno::EXIST));
         }
-        let id = c.client.register_file(&file)?;
+        let id = c.client.register_file(borrowed)?;
         files.insert(fd, id);
         Ok(0)
     })

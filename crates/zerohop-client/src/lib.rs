@@ -148,7 +148,7 @@ impl Client {
 
     /// Registers a file this process opened (read-only for reads; writable
     /// for writes); the agent uses the descriptor, never the path.
-    pub fn register_file(&self, file: &File) -> io::Result<u32> {
+    pub fn register_file(&self, file: impl AsFd) -> io::Result<u32> {
         self.id(&Request::RegisterFile, &[file.as_fd()])
     }
 

@@ -4,9 +4,7 @@
 
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use std::fs::File;
-use std::mem::ManuallyDrop;
-use std::os::fd::FromRawFd;
+use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::time::Duration;
 use zerohop_client::{Client, HostBuffer, IoRing, Submission};
@@ -36,9 +34,14 @@ impl AgentClient {
 
     /// Registers an open descriptor of this process; returns its id.
     fn register_file(&self, fd: i32) -> PyResult<u32> {
-        // SAFETY: borrows the caller's descriptor (never closed here).
-        let file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
-        self.client.register_file(&file).map_err(os_error)
+        if fd < 0 {
+            return Err(os_error(std::io::Error::from_raw_os_error(libc::EBADF)));
+        }
+        // SAFETY: `fd` is not negative and is borrowed for this call only,
+        // never closed here; one that is not open makes the send fail with
+        // EBADF.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        self.client.register_file(fd).map_err(os_error)
     }
 
     fn deregister_file(&self, id: u32) -> PyResult<()> {

@@ -171,8 +171,14 @@ fn send_flags(
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() {
-        let pushed = control.push(SendAncillaryMessage::ScmRights(fds));
-        debug_assert!(pushed, "the buffer has room for MAX_FDS descriptors");
+        // The buffer is sized for MAX_FDS, checked above; should that ever
+        // change, fail rather than send the message without its descriptors.
+        if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+            return Err(io::Error::other(format!(
+                "no room to attach {} descriptors to the message",
+                fds.len()
+            )));
+        }
     }
     let iov = [IoSlice::new(bytes)];
     loop {

@@ -5,7 +5,7 @@ use rustix::event::{eventfd as new_eventfd, poll, EventfdFlags, PollFd, PollFlag
 use rustix::fs::Mode;
 use rustix::net::{self, AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -74,10 +74,34 @@ pub fn connect(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// The peer's process and user ids (`SO_PEERCRED`).
+/// The peer's process and user ids (`SO_PEERCRED`). The pid is 0 when the
+/// peer lives in a pid namespace this process cannot see (a client in a
+/// container talking through a bind-mounted socket).
 pub fn peer(socket: &impl AsFd) -> Option<(u32, u32)> {
-    let cred = net::sockopt::socket_peercred(socket).ok()?;
-    Some((cred.pid.as_raw_nonzero().get() as u32, cred.uid.as_raw()))
+    // Read by hand: rustix's `socket_peercred` puts the pid in a non-zero
+    // `Pid`, and the kernel's 0 for an invisible peer would be undefined
+    // behaviour there.
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable `ucred` of `len` bytes that outlives the
+    // call; the kernel writes at most `len` bytes and updates `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || len as usize != std::mem::size_of::<libc::ucred>() {
+        return None;
+    }
+    Some((cred.pid as u32, cred.uid))
 }
 
 /// A new eventfd (a ring's submission wake-up).
@@ -116,7 +140,7 @@ pub fn hung_up(socket: &impl AsFd) -> bool {
 }
 
 /// A duration as a kernel timeout (one too long to express waits "forever").
-pub(crate) fn timespec(d: Duration) -> Timespec {
+pub fn timespec(d: Duration) -> Timespec {
     Timespec::try_from(d).unwrap_or(Timespec {
         tv_sec: i64::MAX,
         tv_nsec: 0,

@@ -8,6 +8,7 @@ use super::{End, Session, RING};
 use crate::engines::Engines;
 use crate::resources::{Buffer, Memory, RegisteredFile};
 use log::{debug, info};
+use rustix::io::Errno;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -21,7 +22,7 @@ const MAX_BUFFERS: usize = 4096;
 const MAX_RINGS: usize = 64;
 
 /// A registration's id, or the errno and message to refuse it with.
-type Outcome = Result<Option<u32>, (i32, String)>;
+type Outcome = Result<Option<u32>, (Errno, String)>;
 
 impl Session {
     /// Receives one control message and replies; how the session ends, if
@@ -44,7 +45,7 @@ impl Session {
     fn handle(&mut self, bytes: &[u8], fds: Vec<File>) -> Reply {
         let request = match control::decode_request(bytes) {
             Ok(r) => r,
-            Err(e) => return error(libc::EINVAL, e),
+            Err(e) => return error(Errno::INVAL, e),
         };
         debug!(
             "session {}: {request:?} with {} descriptor(s)",
@@ -61,14 +62,14 @@ impl Session {
         };
         if fds.len() != expected_fds {
             return error(
-                libc::EINVAL,
+                Errno::INVAL,
                 format!("expected {expected_fds} descriptor(s), got {}", fds.len()),
             );
         }
         let mut fds = fds.into_iter();
         let outcome = match request {
             Request::Hello { version, .. } if version != zerohop_wire::PROTOCOL_VERSION => Err((
-                libc::EPROTO,
+                Errno::PROTO,
                 format!(
                     "protocol version {version}; this agent speaks {}",
                     zerohop_wire::PROTOCOL_VERSION
@@ -80,7 +81,7 @@ impl Session {
                 Ok(None)
             }
             Request::Status => return Reply::Status(self.shared.status()),
-            _ if !self.greeted => Err((libc::EPROTO, "say hello first".to_string())),
+            _ if !self.greeted => Err((Errno::PROTO, "say hello first".to_string())),
             Request::RegisterFile => self.add_file(fds.next().expect("counted")),
             Request::DeregisterFile { id } => remove(&mut self.files, id),
             Request::RegisterHostBuffer { len } => {
@@ -98,7 +99,7 @@ impl Session {
                 len,
             } => match control::handle_from_hex(&handle) {
                 Some(h) => self.add_buffer(|e| Buffer::cuda_ipc(e, device, &h, offset, len)),
-                None => Err((libc::EINVAL, "malformed IPC handle".to_string())),
+                None => Err((Errno::INVAL, "malformed IPC handle".to_string())),
             },
             Request::RegisterCudaVmm {
                 device,
@@ -136,7 +137,7 @@ impl Session {
     fn add_file(&mut self, file: File) -> Outcome {
         if self.files.len() >= MAX_FILES {
             return Err((
-                libc::EMFILE,
+                Errno::MFILE,
                 format!("at most {MAX_FILES} files per session"),
             ));
         }
@@ -150,7 +151,7 @@ impl Session {
     fn add_buffer(&mut self, make: impl FnOnce(&Engines) -> zerohop::Result<Buffer>) -> Outcome {
         if self.buffers.len() >= MAX_BUFFERS {
             return Err((
-                libc::EMFILE,
+                Errno::MFILE,
                 format!("at most {MAX_BUFFERS} buffers per session"),
             ));
         }
@@ -163,13 +164,13 @@ impl Session {
     fn add_ring(&mut self, entries: u32, memfd: File, submitted: File) -> Outcome {
         if self.rings.len() >= MAX_RINGS {
             return Err((
-                libc::EMFILE,
+                Errno::MFILE,
                 format!("at most {MAX_RINGS} rings per session"),
             ));
         }
         if !ring::valid_entries(entries) {
             return Err((
-                libc::EINVAL,
+                Errno::INVAL,
                 format!(
                     "{entries} entries: a power of two up to {} is needed",
                     ring::MAX_ENTRIES
@@ -177,15 +178,15 @@ impl Session {
             ));
         }
         if !is_eventfd(&submitted) {
-            return Err((libc::EINVAL, "the ring's wake-up must be an eventfd".into()));
+            return Err((Errno::INVAL, "the ring's wake-up must be an eventfd".into()));
         }
         let mem = SharedMemory::import(memfd, ring::ring_bytes(entries))
-            .map_err(|e| (libc::EINVAL, e.to_string()))?;
-        let ring = Ring::attach(mem, entries).map_err(|RingCorrupt(why)| (libc::EINVAL, why))?;
+            .map_err(|e| (Errno::INVAL, e.to_string()))?;
+        let ring = Ring::attach(mem, entries).map_err(|RingCorrupt(why)| (Errno::INVAL, why))?;
         if let Some(w) = &self.wakeups {
             w.watch(&submitted, RING, true).map_err(|e| {
                 (
-                    libc::EINVAL,
+                    Errno::INVAL,
                     format!("cannot watch the ring's eventfd: {e}"),
                 )
             })?;
@@ -196,21 +197,21 @@ impl Session {
     }
 }
 
-fn error(code: i32, message: impl Into<String>) -> Reply {
+fn error(code: Errno, message: impl Into<String>) -> Reply {
     Reply::Error {
-        code,
+        code: code.raw_os_error(),
         message: message.into(),
     }
 }
 
-fn refused(e: zerohop::Error) -> (i32, String) {
-    (libc::EINVAL, e.to_string())
+fn refused(e: zerohop::Error) -> (Errno, String) {
+    (Errno::INVAL, e.to_string())
 }
 
 fn remove<T>(map: &mut BTreeMap<u32, T>, id: u32) -> Outcome {
     map.remove(&id)
         .map(|_| None)
-        .ok_or((libc::EBADF, format!("no registration {id}")))
+        .ok_or((Errno::BADF, format!("no registration {id}")))
 }
 
 fn is_eventfd(f: &File) -> bool {

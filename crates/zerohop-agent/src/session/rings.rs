@@ -6,10 +6,12 @@ use super::{End, Session};
 use crate::execute::{self, Work};
 use crate::resources::Buffer;
 use log::{debug, warn};
+use rustix::io::Errno;
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use zerohop::stats::human_bytes;
 use zerohop_wire::ring::{self, CompletionEntry, Ring, RingCorrupt, SubmissionEntry, OP_READ};
 
 /// How long a stopping agent waits for a client to make room for its last
@@ -95,7 +97,7 @@ impl Session {
                 .entry(sqe.file_id)
                 .or_insert_with(|| self.files[&sqe.file_id].len());
             if sqe.file_offset + sqe.len > file_len {
-                return Err(-i64::from(libc::EINVAL));
+                return Err(-i64::from(Errno::INVAL.raw_os_error()));
             }
         }
         Ok(())
@@ -136,9 +138,11 @@ impl Session {
             }
         }
         debug!(
-            "session {}: {} I/Os, {read} bytes read, {written} written in {:.3} s",
+            "session {}: {} I/Os, {} read, {} written in {:.3} s",
             self.id,
             sqes.len(),
+            human_bytes(read),
+            human_bytes(written),
             started.elapsed().as_secs_f64()
         );
         self.ios += sqes.len() as u64;

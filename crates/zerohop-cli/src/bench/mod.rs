@@ -2,6 +2,7 @@
 //! beside the limits it is judged against, measured in the same run.
 
 mod agent;
+mod agent_stress;
 mod checkpoint;
 mod load;
 mod raw_io;
@@ -21,10 +22,10 @@ pub enum BenchCommand {
     Agent(agent::BenchAgentArgs),
     /// Many client processes doing mixed reads and writes through one
     /// agent; every I/O is checked.
-    AgentStress(agent::BenchAgentStressArgs),
+    AgentStress(agent_stress::BenchAgentStressArgs),
     /// One client of `agent-stress` (run by it).
     #[command(hide = true)]
-    AgentClient(agent::AgentClientArgs),
+    AgentClient(agent_stress::AgentClientArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -32,7 +33,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Load(a) => load::run(&a),
         BenchCommand::Checkpoint(a) => checkpoint::run(&a),
         BenchCommand::Agent(a) => agent::bench(&a),
-        BenchCommand::AgentStress(a) => agent::stress(&a),
-        BenchCommand::AgentClient(a) => agent::client(&a),
+        BenchCommand::AgentStress(a) => agent_stress::stress(&a),
+        BenchCommand::AgentClient(a) => agent_stress::client(&a),
     }
 }
