@@ -4,8 +4,7 @@
 //! device memory, and orders the windows into the pipelines' work.
 
 use crate::device::{DeviceAddr, DeviceBuffer, DeviceKind};
-use crate::engine::Route;
-use crate::storage::{FilePair, DIRECT_ALIGN};
+use crate::storage::{FilePair, IoMode, DIRECT_ALIGN};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -230,6 +229,19 @@ pub fn windows(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
     }
     out
 }
+
+/// How one window's bytes reach the device (`staged` and `page-cache DMA`
+/// in stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Read into a staging slot (buffered or O_DIRECT), then copied.
+    Staged(IoMode),
+    /// Copied by the device straight from the file's pinned page-cache pages.
+    PageCacheDma,
+}
+
+/// Buffered reads into staging slots: the route for hot files until measured.
+pub(crate) const STAGED: Route = Route::Staged(IoMode::Buffered);
 
 /// A unit of work for a read pipeline worker: a window and its route.
 pub(crate) struct WorkItem {

@@ -18,7 +18,6 @@ mod write_pipeline;
 pub use config::{DirectIo, EngineConfig};
 pub use read_pipeline::ReadCheck;
 pub use route::HotRoute;
-pub(crate) use route::Route;
 pub use workers::Progress;
 pub use write_pipeline::WriteFilter;
 

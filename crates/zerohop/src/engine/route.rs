@@ -1,11 +1,13 @@
 //! Route choice: how each file's bytes travel to the device. The routes are
 //! one family: [`HotRoute`] is the setting for files already in the page
 //! cache, [`FileRoute`] a file's route before the hot route is measured,
-//! and [`Route`] how one window's bytes finally travel.
+//! and [`Route`] (a part of the plan) how one window's bytes finally travel.
 
 use super::hot_choice::{self, HotChoice};
 use super::load::Phase;
 use super::{DirectIo, Engine, Progress};
+pub(crate) use crate::plan::{Route, STAGED};
+
 use crate::plan::{split_extents, Extent};
 use crate::staging::StagingPool;
 use crate::storage::{IoMode, SourceFile};
@@ -25,19 +27,6 @@ pub enum HotRoute {
     /// The GPU copies from the registered page-cache pages.
     PageCacheDma,
 }
-
-/// How one window's bytes reach the device (`staged` and `page-cache DMA`
-/// in stats).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Route {
-    /// Read into a staging slot (buffered or O_DIRECT), then copied.
-    Staged(IoMode),
-    /// Copied by the device straight from the file's pinned page-cache pages.
-    PageCacheDma,
-}
-
-/// Buffered reads into staging slots: the route for hot files until measured.
-pub(crate) const STAGED: Route = Route::Staged(IoMode::Buffered);
 
 /// A file's route before the hot route is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
