@@ -130,13 +130,9 @@ impl TransferPlan {
         }
     }
 
-    /// The framework streams whose queued work must finish before this
-    /// transfer touches its buffers (see `DeviceBuffer::borrowed_on_stream`).
-    pub fn streams(&self) -> std::collections::BTreeSet<u64> {
-        self.buffers
-            .values()
-            .filter_map(DeviceBuffer::stream)
-            .collect()
+    /// The buffers the transfer reads or writes (each once).
+    pub(crate) fn buffers(&self) -> impl Iterator<Item = &DeviceBuffer> {
+        self.buffers.values()
     }
 
     /// Total bytes the transfer moves.

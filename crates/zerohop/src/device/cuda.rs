@@ -170,7 +170,7 @@ impl DeviceChecksums for CudaDevice {
                 self.kind()
             )));
         }
-        wait_for_buffer_streams(self, chunks)?;
+        wait_for_buffer_streams(self, chunks.iter().flatten())?;
         let len = |c: &Vec<DeviceBuffer>| c.iter().map(|b| b.len() as u64).sum::<u64>();
         // XXH3 hashes short inputs differently; the kernel does long ones
         // only, and short chunks (file tails) are few and small.

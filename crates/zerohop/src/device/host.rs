@@ -84,9 +84,10 @@ impl Device for HostDevice {
                 "cannot borrow {len} bytes at {addr:#x}: out of range"
             )));
         }
-        // SAFETY: forwarded contract: the caller's memory stays allocated
-        // and untouched while the buffer is used.
-        Ok(unsafe { DeviceBuffer::borrowed(addr, len, DeviceKind::Host) }.on_stream(stream))
+        // SAFETY: forwarded contract of `Device::borrow`: the caller's
+        // memory stays allocated and untouched while the buffer is used,
+        // and `stream` (never waited for here) is live.
+        Ok(unsafe { DeviceBuffer::borrowed(addr, len, DeviceKind::Host).on_stream(stream) })
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {

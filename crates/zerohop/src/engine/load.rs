@@ -4,6 +4,7 @@
 use super::read_pipeline::{self, Job, Moved, ReadCheck, Worker};
 use super::route::{FileRoute, Route, NO_DMA_NOTE, STAGED};
 use super::{page_cache_dma, Engine, HotRoute, Progress};
+use crate::device::wait_for_buffer_streams;
 use crate::plan::{work_items, Extent, TransferPlan};
 use crate::staging::StagingPool;
 use crate::stats::TransferStats;
@@ -44,7 +45,7 @@ impl Engine {
         let cpu_before = crate::stats::cpu_seconds();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         plan.check_device(self.device.kind())?;
-        self.wait_for_streams(plan.streams())?;
+        wait_for_buffer_streams(self.device.as_ref(), plan.buffers())?;
         let routes: Vec<FileRoute> = files
             .iter()
             .map(|f| match self.route_for(f) {

@@ -203,17 +203,4 @@ impl Engine {
     ) -> Result<TransferStats> {
         self.run_transfer(files, plan, Some(check), progress)
     }
-
-    /// Waits for the work queued on the streams of borrowed buffers (see
-    /// [`TransferPlan::streams`]), so nothing touches memory a framework's
-    /// kernels still use.
-    fn wait_for_streams(&self, streams: std::collections::BTreeSet<u64>) -> Result<()> {
-        for s in streams {
-            // SAFETY: buffers carry a stream only through
-            // `DeviceBuffer::borrowed_on_stream`, whose caller vouches that
-            // it is a live stream of the buffer's device.
-            unsafe { self.device.wait_for_stream(s)? };
-        }
-        Ok(())
-    }
 }

@@ -283,7 +283,10 @@ impl Device for SimDevice {
             start: addr,
             registry: self.registry.clone(),
         };
-        Ok(DeviceBuffer::owned(addr, len, self.kind(), Arc::new(guard)).on_stream(stream))
+        let buf = DeviceBuffer::owned(addr, len, self.kind(), Arc::new(guard));
+        // SAFETY: forwarded contract of `Device::borrow`: `stream` is live
+        // (the simulated device only records that it was waited for).
+        Ok(unsafe { buf.on_stream(stream) })
     }
 
     fn checksums(&self) -> Option<&dyn DeviceChecksums> {
@@ -331,7 +334,7 @@ impl DeviceChecksums for SimDevice {
     }
 
     fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
-        wait_for_buffer_streams(self, chunks)?;
+        wait_for_buffer_streams(self, chunks.iter().flatten())?;
         if self.config.fail_checksums {
             return Err(Error::new(ErrorKind::Device, "injected checksum failure"));
         }
