@@ -157,20 +157,16 @@ impl Engine {
         pieces: Vec<(&SourceFile, u64, &mut [u8])>,
     ) -> Result<TransferStats> {
         // Whether a file is cached is asked once per file, not per piece.
-        let mut cold = std::collections::HashMap::new();
+        let mut direct = std::collections::HashMap::new();
         let reads = pieces
             .into_iter()
             .map(|(file, offset, dst)| HostRead {
                 file,
                 offset,
                 dst,
-                direct: match self.config.direct_io {
-                    DirectIo::Never => false,
-                    DirectIo::Always => true,
-                    DirectIo::Auto => *cold
-                        .entry(file.path())
-                        .or_insert_with(|| file.resident_fraction() < self.config.hot_threshold),
-                },
+                direct: *direct
+                    .entry(file.path())
+                    .or_insert_with(|| self.reads_direct(|| self.is_hot(file))),
             })
             .collect();
         crate::host_read::read_to_host(self.backend.as_ref(), self.config.io_threads, reads)

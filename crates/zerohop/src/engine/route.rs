@@ -46,7 +46,7 @@ impl Engine {
     /// The route for a file: `MeasuredHot` for files in the page cache (per
     /// `hot_route`), else staged reads, O_DIRECT per `direct_io`.
     pub(super) fn route_for(&self, f: &SourceFile) -> FileRoute {
-        let hot = f.resident_fraction() >= self.config.hot_threshold;
+        let hot = self.is_hot(f);
         match self.config.hot_route {
             HotRoute::PageCacheDma if self.dma_copies => {
                 return FileRoute::Fixed(Route::PageCacheDma)
@@ -54,17 +54,28 @@ impl Engine {
             HotRoute::Auto if hot && self.dma_copies => return FileRoute::MeasuredHot,
             _ => {}
         }
-        let direct = f.direct_capable()
-            && match self.config.direct_io {
-                DirectIo::Never => false,
-                DirectIo::Always => true,
-                DirectIo::Auto => !hot,
-            };
+        let direct = f.direct_capable() && self.reads_direct(|| hot);
         FileRoute::Fixed(Route::Staged(if direct {
             IoMode::Direct
         } else {
             IoMode::Buffered
         }))
+    }
+
+    /// Whether most of `f` is in the page cache (per `hot_threshold`).
+    pub(super) fn is_hot(&self, f: &SourceFile) -> bool {
+        f.resident_fraction() >= self.config.hot_threshold
+    }
+
+    /// Whether a file is read with O_DIRECT per `direct_io`; `hot` (whether
+    /// the file is in the page cache, a system call) is asked only by
+    /// `DirectIo::Auto`.
+    pub(super) fn reads_direct(&self, hot: impl FnOnce() -> bool) -> bool {
+        match self.config.direct_io {
+            DirectIo::Never => false,
+            DirectIo::Always => true,
+            DirectIo::Auto => !hot(),
+        }
     }
 
     /// The route for hot files, and the hot extents still to move. With
