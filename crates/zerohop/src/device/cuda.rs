@@ -94,6 +94,10 @@ impl Device for CudaDevice {
         true
     }
 
+    fn pins_staging(&self) -> bool {
+        true
+    }
+
     unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>> {
         // SAFETY: forwarded contract: the caller keeps the range mapped while
         // the pin lives and outlives its copies.

@@ -63,6 +63,10 @@ impl Device for HostDevice {
         false
     }
 
+    fn pins_staging(&self) -> bool {
+        false
+    }
+
     unsafe fn pin_host(&self, _ptr: *const u8, _len: usize) -> Result<Option<Box<dyn HostPin>>> {
         // Host memory is readable by this device's copies as it is.
         Ok(Some(Box::new(NothingPinned)))

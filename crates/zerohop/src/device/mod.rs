@@ -271,6 +271,10 @@ pub trait Device: Send + Sync {
     /// while a GPU copies from pages it pinned and reports an error.
     fn copies_by_dma(&self) -> bool;
 
+    /// Whether `alloc_staging` gives pinned (page-locked) memory that the
+    /// device copies by DMA, as a GPU's does; what stats report.
+    fn pins_staging(&self) -> bool;
+
     /// Pins existing host memory (e.g. a read-only file mapping) so copies
     /// can read it directly. `None` when this device cannot do that.
     ///

@@ -80,7 +80,7 @@ impl Engine {
             buffered_bytes: done.moved.buffered,
             page_cache_dma_bytes: done.moved.page_cache_dma,
             staging_bytes: pool.bytes(),
-            pinned_staging: self.device.copies_by_dma(),
+            pinned_staging: self.device.pins_staging(),
             io_threads: done.threads,
             files: files.len(),
             windows: done.windows,

@@ -63,7 +63,7 @@ impl Engine {
             skipped_bytes: written.skipped,
             sync_seconds: synced.elapsed().as_secs_f64(),
             staging_bytes: pool.bytes(),
-            pinned_staging: self.device.copies_by_dma(),
+            pinned_staging: self.device.pins_staging(),
             io_threads: threads,
             files: files.len(),
             windows: job.windows.len(),

@@ -234,6 +234,11 @@ impl Device for SimDevice {
         self.config.copies_by_dma
     }
 
+    fn pins_staging(&self) -> bool {
+        // Its staging is plain host memory, even when it claims DMA copies.
+        false
+    }
+
     unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>> {
         if self.config.refuse_pin {
             return Err(Error::new(ErrorKind::Device, "injected pin refusal"));
