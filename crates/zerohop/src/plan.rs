@@ -135,6 +135,23 @@ impl TransferPlan {
         self.buffers.values()
     }
 
+    /// Refuses plans that write one device byte twice, as a load of these
+    /// extents would: two workers would copy into the same bytes at once.
+    pub fn check_disjoint_destinations(&self) -> Result<()> {
+        let mut ranges: Vec<(DeviceAddr, u64)> =
+            self.extents.iter().map(|e| (e.dst, e.len)).collect();
+        ranges.sort_unstable();
+        for pair in ranges.windows(2) {
+            let ((a, a_len), (b, _)) = (pair[0], pair[1]);
+            if b < a + a_len {
+                return Err(Error::invalid(format!(
+                    "two ranges of the load overlap at device address {b:#x}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Total bytes the transfer moves.
     pub fn bytes(&self) -> u64 {
         self.bytes
@@ -304,6 +321,22 @@ mod tests {
             len,
             dst,
         }
+    }
+
+    #[test]
+    fn overlapping_destinations_are_refused() {
+        let plan = |extents| TransferPlan {
+            extents,
+            ..TransferPlan::default()
+        };
+        // Adjacent ranges, in any order, from any files, are fine.
+        let ok = plan(vec![ext(1, 0, 100, 0x2064), ext(0, 0, 100, 0x2000)]);
+        assert!(ok.check_disjoint_destinations().is_ok());
+        let err = plan(vec![ext(0, 0, 100, 0x2000), ext(1, 500, 10, 0x2063)])
+            .check_disjoint_destinations()
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("0x2063"), "{err}");
     }
 
     /// Every byte of every extent is copied exactly once, from the right file
