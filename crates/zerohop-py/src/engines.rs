@@ -27,11 +27,17 @@ pub enum Place {
 impl Place {
     /// Parses a device name (see [`zerohop::device::DEVICE_HELP`]).
     pub fn parse(spec: &str) -> PyResult<Place> {
-        Ok(match spec.parse::<DeviceName>().map_err(to_py)?.resolve() {
-            DeviceName::Cuda(n) => Place::Cuda(n),
-            DeviceName::Host | DeviceName::Auto => Place::Host,
-            DeviceName::Sim => Place::Sim,
-        })
+        Ok(
+            match spec
+                .parse::<DeviceName>()
+                .and_then(DeviceName::resolve)
+                .map_err(to_py)?
+            {
+                DeviceName::Cuda(n) => Place::Cuda(n),
+                DeviceName::Host | DeviceName::Auto => Place::Host,
+                DeviceName::Sim => Place::Sim,
+            },
+        )
     }
 }
 
