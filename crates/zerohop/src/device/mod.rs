@@ -293,9 +293,7 @@ pub trait Device: Send + Sync {
     /// Wraps `addr..addr+len`, memory a framework allocated on this device
     /// (a tensor's storage), for transfers; with `stream`, transfers first
     /// wait for the work queued on it (see
-    /// [`DeviceBuffer::borrowed_on_stream`]). The simulated device
-    /// registers the range for its copy checks, refusing one that overlaps
-    /// memory it already knows, until the last clone of the buffer drops.
+    /// [`DeviceBuffer::borrowed_on_stream`]).
     ///
     /// # Safety
     /// As [`DeviceBuffer::borrowed_on_stream`]: the range is memory of this

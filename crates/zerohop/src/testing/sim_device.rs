@@ -260,6 +260,9 @@ impl Device for SimDevice {
         Ok(())
     }
 
+    /// Registers the range for the copy checks, refusing one that overlaps
+    /// memory this device already knows, until the last clone of the buffer
+    /// drops.
     unsafe fn borrow(
         &self,
         addr: DeviceAddr,
