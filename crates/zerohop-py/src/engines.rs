@@ -27,17 +27,12 @@ pub enum Place {
 impl Place {
     /// Parses a device name (see [`zerohop::device::DEVICE_HELP`]).
     pub fn parse(spec: &str) -> PyResult<Place> {
-        Ok(
-            match spec
-                .parse::<DeviceName>()
-                .and_then(DeviceName::resolve)
-                .map_err(to_py)?
-            {
-                DeviceName::Cuda(n) => Place::Cuda(n),
-                DeviceName::Host | DeviceName::Auto => Place::Host,
-                DeviceName::Sim => Place::Sim,
-            },
-        )
+        let name = spec.parse::<DeviceName>().and_then(DeviceName::resolve);
+        Ok(match name.map_err(to_py)? {
+            DeviceName::Cuda(n) => Place::Cuda(n),
+            DeviceName::Host | DeviceName::Auto => Place::Host,
+            DeviceName::Sim => Place::Sim,
+        })
     }
 }
 
