@@ -42,10 +42,9 @@ impl Engines {
             _ => Arc::new(HostDevice::new()),
         };
         let host = Engine::new(host_device, host_config)?;
-        let ordinal = match name {
-            DeviceName::Auto => CudaDevice::open(0).ok().map(|_| 0),
+        let ordinal = match name.resolve()? {
             DeviceName::Cuda(n) => Some(n),
-            DeviceName::Host | DeviceName::Sim => None,
+            DeviceName::Host | DeviceName::Sim | DeviceName::Auto => None,
         };
         let cuda = match ordinal {
             None => None,

@@ -6,6 +6,7 @@ use crate::layout::ChunkSlot;
 use crate::manifest::{chunk_checksum, DataFile};
 use std::path::Path;
 use std::time::Instant;
+use zerohop::device::DeviceChecksums;
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
 
 /// Where a save checksummed its chunks.
@@ -60,8 +61,24 @@ pub(crate) fn on_device(engine: &Engine, pieces: &[Vec<DeviceBuffer>]) -> Device
         .device()
         .checksums()
         .ok_or_else(|| Error::new(ErrorKind::Device, NO_KERNEL))?;
+    hash_chunks(hasher, pieces)
+}
+
+/// `pieces` hashed by `hasher`, whose answer must hold one sum per chunk:
+/// callers index the sums by chunk.
+fn hash_chunks(hasher: &dyn DeviceChecksums, pieces: &[Vec<DeviceBuffer>]) -> DeviceSums {
     let started = Instant::now();
     let sums = hasher.xxh3_64(pieces)?;
+    if sums.len() != pieces.len() {
+        return Err(Error::new(
+            ErrorKind::Device,
+            format!(
+                "the device returned {} checksums for {} chunks",
+                sums.len(),
+                pieces.len()
+            ),
+        ));
+    }
     Ok((sums, started.elapsed().as_secs_f64()))
 }
 
@@ -89,4 +106,38 @@ pub(crate) fn from_files(
             Ok(chunk_checksum(&buf))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device whose hashing answers one sum, however many chunks.
+    struct OneSum;
+
+    impl DeviceChecksums for OneSum {
+        fn ready(&self) -> Result<()> {
+            Ok(())
+        }
+        fn xxh3_64(&self, _chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
+            Ok(vec![7])
+        }
+    }
+
+    #[test]
+    fn a_sum_per_chunk_or_a_device_error() {
+        // The fake reads no buffers: chunks of none will do.
+        assert_eq!(hash_chunks(&OneSum, &[vec![]]).unwrap().0, [7]);
+        let err = hash_chunks(&OneSum, &[vec![], vec![]]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Device, "{err}");
+        assert!(
+            err.to_string().contains("1 checksums for 2 chunks"),
+            "{err}"
+        );
+        let err = hash_chunks(&OneSum, &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("1 checksums for 0 chunks"),
+            "{err}"
+        );
+    }
 }

@@ -328,7 +328,7 @@ fn check_type(e: &Entry) -> Result<()> {
             let dtype = Dtype::parse(d).ok_or_else(|| {
                 Error::format(format!("manifest: entry {:?}: unknown dtype {d:?}", e.name))
             })?;
-            if dtype.byte_len(shape) != Ok(e.bytes) {
+            if dtype.byte_len(shape).ok() != Some(e.bytes) {
                 return bad("dtype and shape disagree with its size");
             }
             Ok(())

@@ -99,14 +99,13 @@ impl EngineArgs {
 /// `auto` means the first GPU, or host memory (with a note) when there is none.
 pub fn open_device_or_host(spec: &str) -> Result<Arc<dyn Device>> {
     let name: DeviceName = spec.parse()?;
-    if name != DeviceName::Auto {
-        return name.open();
+    let resolved = name.resolve()?;
+    if name == DeviceName::Auto && resolved == DeviceName::Host {
+        let why = match zerohop::device::cuda_driver_summary() {
+            Err(e) => e.to_string(),
+            Ok(_) => "the driver sees no GPU".into(),
+        };
+        eprintln!("note: no GPU available ({why}); using host memory instead (same pipeline)");
     }
-    match zerohop::device::CudaDevice::open(0) {
-        Ok(d) => Ok(Arc::new(d)),
-        Err(e) => {
-            eprintln!("note: no GPU available ({e}); using host memory instead (same pipeline)");
-            DeviceName::Host.open()
-        }
-    }
+    resolved.open()
 }

@@ -27,7 +27,8 @@ pub enum Place {
 impl Place {
     /// Parses a device name (see [`zerohop::device::DEVICE_HELP`]).
     pub fn parse(spec: &str) -> PyResult<Place> {
-        Ok(match spec.parse::<DeviceName>().map_err(to_py)?.resolve() {
+        let name = spec.parse::<DeviceName>().and_then(DeviceName::resolve);
+        Ok(match name.map_err(to_py)? {
             DeviceName::Cuda(n) => Place::Cuda(n),
             DeviceName::Host | DeviceName::Auto => Place::Host,
             DeviceName::Sim => Place::Sim,

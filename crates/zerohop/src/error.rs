@@ -1,3 +1,4 @@
+use rustix::io::Errno;
 use std::fmt;
 use std::io;
 use std::path::Path;
@@ -74,11 +75,11 @@ impl Error {
             io::ErrorKind::NotFound => ErrorKind::NotFound,
             io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
             io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
-            _ if err.raw_os_error() == Some(libc::EISDIR) => ErrorKind::InvalidInput,
-            _ if matches!(err.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => {
-                ErrorKind::StorageFull
-            }
-            _ => ErrorKind::Io,
+            _ => match Errno::from_io_error(&err) {
+                Some(Errno::ISDIR) => ErrorKind::InvalidInput,
+                Some(Errno::NOSPC | Errno::DQUOT) => ErrorKind::StorageFull,
+                _ => ErrorKind::Io,
+            },
         };
         Error::with_source(kind, format!("{what} {}", path.display()), err)
     }
@@ -147,13 +148,9 @@ mod tests {
             kind(io::Error::from(io::ErrorKind::PermissionDenied)),
             ErrorKind::PermissionDenied
         );
-        assert_eq!(
-            kind(io::Error::from_raw_os_error(libc::EISDIR)),
-            ErrorKind::InvalidInput
-        );
-        assert_eq!(kind(io::Error::from_raw_os_error(libc::EIO)), ErrorKind::Io);
-        let e = Error::io(p, "cannot open", io::Error::from_raw_os_error(libc::EACCES))
-            .context("loading");
+        assert_eq!(kind(io::Error::from(Errno::ISDIR)), ErrorKind::InvalidInput);
+        assert_eq!(kind(io::Error::from(Errno::IO)), ErrorKind::Io);
+        let e = Error::io(p, "cannot open", io::Error::from(Errno::ACCESS)).context("loading");
         assert_eq!(
             e.to_string(),
             "loading: cannot open /x: Permission denied (os error 13)"

@@ -4,8 +4,7 @@
 //! device memory, and orders the windows into the pipelines' work.
 
 use crate::device::{DeviceAddr, DeviceBuffer, DeviceKind};
-use crate::engine::Route;
-use crate::storage::{FilePair, DIRECT_ALIGN};
+use crate::storage::{FilePair, IoMode, DIRECT_ALIGN};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -131,13 +130,26 @@ impl TransferPlan {
         }
     }
 
-    /// The framework streams whose queued work must finish before this
-    /// transfer touches its buffers (see `DeviceBuffer::borrowed_on_stream`).
-    pub fn streams(&self) -> std::collections::BTreeSet<u64> {
-        self.buffers
-            .values()
-            .filter_map(DeviceBuffer::stream)
-            .collect()
+    /// The buffers the transfer reads or writes (each once).
+    pub(crate) fn buffers(&self) -> impl Iterator<Item = &DeviceBuffer> {
+        self.buffers.values()
+    }
+
+    /// Refuses plans that write one device byte twice, as a load of these
+    /// extents would: two workers would copy into the same bytes at once.
+    pub fn check_disjoint_destinations(&self) -> Result<()> {
+        let mut ranges: Vec<(DeviceAddr, u64)> =
+            self.extents.iter().map(|e| (e.dst, e.len)).collect();
+        ranges.sort_unstable();
+        for pair in ranges.windows(2) {
+            let ((a, a_len), (b, _)) = (pair[0], pair[1]);
+            if b < a + a_len {
+                return Err(Error::invalid(format!(
+                    "two ranges of the load overlap at device address {b:#x}"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Total bytes the transfer moves.
@@ -231,6 +243,19 @@ pub fn windows(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
     out
 }
 
+/// How one window's bytes reach the device (`staged` and `page-cache DMA`
+/// in stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Read into a staging slot (buffered or O_DIRECT), then copied.
+    Staged(IoMode),
+    /// Copied by the device straight from the file's pinned page-cache pages.
+    PageCacheDma,
+}
+
+/// Buffered reads into staging slots: the route for hot files until measured.
+pub(crate) const STAGED: Route = Route::Staged(IoMode::Buffered);
+
 /// A unit of work for a read pipeline worker: a window and its route.
 pub(crate) struct WorkItem {
     pub window: Window,
@@ -296,6 +321,22 @@ mod tests {
             len,
             dst,
         }
+    }
+
+    #[test]
+    fn overlapping_destinations_are_refused() {
+        let plan = |extents| TransferPlan {
+            extents,
+            ..TransferPlan::default()
+        };
+        // Adjacent ranges, in any order, from any files, are fine.
+        let ok = plan(vec![ext(1, 0, 100, 0x2064), ext(0, 0, 100, 0x2000)]);
+        assert!(ok.check_disjoint_destinations().is_ok());
+        let err = plan(vec![ext(0, 0, 100, 0x2000), ext(1, 500, 10, 0x2063)])
+            .check_disjoint_destinations()
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("0x2063"), "{err}");
     }
 
     /// Every byte of every extent is copied exactly once, from the right file

@@ -1,6 +1,7 @@
 //! The production host device through the engine: loads on every route
 //! (page-cache DMA staged instead) and saves land byte for byte, and
-//! buffers of another device are refused before any copy.
+//! buffers of another device, or loads into one byte twice, are refused
+//! before any copy.
 
 mod common;
 
@@ -80,4 +81,22 @@ fn buffers_of_another_device_are_refused() {
     plan.add(&sinks, 0, 0, 8192, &gpu, 0).unwrap();
     let e2 = e.write(&sinks, &plan, None, None).unwrap_err();
     assert_eq!(e2.kind(), ErrorKind::InvalidInput, "{e2}");
+}
+
+#[test]
+fn loads_into_overlapping_ranges_are_refused() {
+    let dir = TestDir::new("host-device-overlap");
+    let path = write(&dir.path("f"), &pattern(8192, 2));
+    let e = engine(DirectIo::Never, HotRoute::Staged);
+    let buf = e.device().alloc(8192).unwrap();
+    // A second borrow of the same bytes, as two tensors sharing storage.
+    // SAFETY: `buf` stays allocated; the plan is refused before any copy.
+    let alias = unsafe { e.device().borrow(buf.addr() + 4096, 4096, None) }.unwrap();
+    let sources = vec![SourceFile::open(&path).unwrap()];
+    let mut plan = TransferPlan::new();
+    plan.add(&sources, 0, 0, 8192, &buf, 0).unwrap();
+    plan.add(&sources, 0, 0, 100, &alias, 10).unwrap();
+    let err = e.transfer(&sources, &plan, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(contents(&e, &buf).iter().all(|&b| b == 0), "nothing copied");
 }

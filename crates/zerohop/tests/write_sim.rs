@@ -105,6 +105,24 @@ fn overlapping_ranges_are_refused() {
     assert!(plan.add(&files, 0, 8000, 193, &b, 0).is_err());
 }
 
+/// A simulated device that claims DMA copies still stages through plain
+/// host memory, and the stats say so.
+#[test]
+fn stats_report_staging_as_it_is() {
+    let dir = TestDir::new("write-unpinned");
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig {
+        copies_by_dma: true,
+        ..Default::default()
+    }));
+    let e = Engine::new(dev, EngineConfig::default()).unwrap();
+    let b = upload(&e, &pattern(8192, 4));
+    let files = vec![SinkFile::create_new(&dir.path("f"), 8192).unwrap()];
+    let mut plan = TransferPlan::new();
+    plan.add(&files, 0, 0, 8192, &b, 0).unwrap();
+    let stats = e.write(&files, &plan, None, None).unwrap();
+    assert!(!stats.pinned_staging);
+}
+
 /// ENOSPC, EIO and a failed fsync are errors, never success.
 #[test]
 fn write_faults_surface() {

@@ -63,7 +63,7 @@ struct ClientReport {
 }
 
 pub fn stress(a: &BenchAgentStressArgs) -> Result<()> {
-    let memory = a.device.parse::<DeviceName>()?.resolve();
+    let memory = a.device.parse::<DeviceName>()?.resolve()?;
     if memory == DeviceName::Sim {
         // Only builds with zerohop's `testing` feature have it: refuse once,
         // clearly, rather than from every client.
@@ -229,7 +229,7 @@ pub fn client(a: &AgentClientArgs) -> Result<()> {
     let file_id = client
         .register_file(&file)
         .map_err(io_err("cannot register the file"))?;
-    let mut buf = match a.memory.resolve() {
+    let mut buf = match a.memory.resolve()? {
         DeviceName::Cuda(n) => {
             let d: Arc<dyn Device> = Arc::new(zerohop::device::open_gpu(n)?);
             let b = d.alloc(file_bytes as usize)?;

@@ -94,6 +94,10 @@ impl Device for CudaDevice {
         true
     }
 
+    fn pins_staging(&self) -> bool {
+        true
+    }
+
     unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>> {
         // SAFETY: forwarded contract: the caller keeps the range mapped while
         // the pin lives and outlives its copies.
@@ -170,7 +174,7 @@ impl DeviceChecksums for CudaDevice {
                 self.kind()
             )));
         }
-        wait_for_buffer_streams(self, chunks)?;
+        wait_for_buffer_streams(self, chunks.iter().flatten())?;
         let len = |c: &Vec<DeviceBuffer>| c.iter().map(|b| b.len() as u64).sum::<u64>();
         // XXH3 hashes short inputs differently; the kernel does long ones
         // only, and short chunks (file tails) are few and small.

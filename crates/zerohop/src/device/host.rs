@@ -63,6 +63,10 @@ impl Device for HostDevice {
         false
     }
 
+    fn pins_staging(&self) -> bool {
+        false
+    }
+
     unsafe fn pin_host(&self, _ptr: *const u8, _len: usize) -> Result<Option<Box<dyn HostPin>>> {
         // Host memory is readable by this device's copies as it is.
         Ok(Some(Box::new(NothingPinned)))
@@ -84,9 +88,10 @@ impl Device for HostDevice {
                 "cannot borrow {len} bytes at {addr:#x}: out of range"
             )));
         }
-        // SAFETY: forwarded contract: the caller's memory stays allocated
-        // and untouched while the buffer is used.
-        Ok(unsafe { DeviceBuffer::borrowed(addr, len, DeviceKind::Host) }.on_stream(stream))
+        // SAFETY: forwarded contract of `Device::borrow`: the caller's
+        // memory stays allocated and untouched while the buffer is used,
+        // and `stream` (never waited for here) is live.
+        Ok(unsafe { DeviceBuffer::borrowed(addr, len, DeviceKind::Host).on_stream(stream) })
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
@@ -106,32 +111,60 @@ impl Device for HostDevice {
     }
 }
 
-/// Zeroed, page-aligned host memory, freed on drop.
+/// Zeroed, page-aligned host memory, freed on drop. A page or more is an
+/// anonymous mapping, which the kernel zeroes page by page on first touch,
+/// so a large buffer is not written twice (once with zeros, then with the
+/// data); smaller ones come from the heap, sparing a mapping each.
 pub(crate) struct HostMemory {
     ptr: *mut u8,
-    layout: Layout,
     len: usize,
+    /// `None` for a mapping of `len` bytes.
+    heap: Option<Layout>,
 }
 
-// SAFETY: plain owned memory; whoever shares the pointer with copies keeps
-// the memory alive until they have finished (the `CopyQueue` contract).
+// SAFETY: plain owned memory with no thread affinity; it is unmapped or
+// freed only by `Drop`, which whoever shares the pointer with copies runs
+// after they have finished (the `CopyQueue` contract).
 unsafe impl Send for HostMemory {}
-// SAFETY: as above.
+// SAFETY: a `&HostMemory` exposes only the address and length; the bytes are
+// reached only through raw pointers under the `CopyQueue` and
+// `StagingMemory` contracts, which exclude concurrent conflicting access.
 unsafe impl Sync for HostMemory {}
 
 impl HostMemory {
     pub(crate) fn zeroed(len: usize) -> Result<Self> {
-        let layout = Layout::from_size_align(len.max(1), 4096)
-            .map_err(|_| Error::invalid(format!("cannot allocate {len} bytes")))?;
-        // SAFETY: the layout has non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::new(
-                ErrorKind::OutOfMemory,
-                format!("host allocation of {len} bytes failed"),
-            ));
+        let page = rustix::param::page_size();
+        if len < page {
+            let layout = Layout::from_size_align(len.max(1), page)
+                .map_err(|_| Error::invalid(format!("cannot allocate {len} bytes")))?;
+            // SAFETY: the layout has non-zero size.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            if ptr.is_null() {
+                return Err(out_of_memory(len));
+            }
+            return Ok(HostMemory {
+                ptr,
+                len,
+                heap: Some(layout),
+            });
         }
-        Ok(HostMemory { ptr, layout, len })
+        // SAFETY: a new private anonymous mapping (no address hint) aliases
+        // no existing memory; it is owned by the value returned and
+        // unmapped only in `Drop`.
+        let ptr = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE,
+            )
+        }
+        .map_err(|_| out_of_memory(len))?;
+        Ok(HostMemory {
+            ptr: ptr.cast(),
+            len,
+            heap: None,
+        })
     }
 
     pub(crate) fn addr(&self) -> DeviceAddr {
@@ -139,10 +172,25 @@ impl HostMemory {
     }
 }
 
+fn out_of_memory(len: usize) -> Error {
+    Error::new(
+        ErrorKind::OutOfMemory,
+        format!("host allocation of {len} bytes failed"),
+    )
+}
+
 impl Drop for HostMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated with this layout in `zeroed`.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+        match self.heap {
+            // SAFETY: allocated with this layout in `zeroed`.
+            Some(layout) => unsafe { std::alloc::dealloc(self.ptr, layout) },
+            None => {
+                // SAFETY: the mapping of `len` bytes made in `zeroed`, which
+                // nothing uses once its owner drops it.
+                let unmapped = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
+                debug_assert!(unmapped.is_ok(), "munmap failed: {unmapped:?}");
+            }
+        }
     }
 }
 
@@ -214,6 +262,20 @@ mod tests {
         // SAFETY: the copy above initialised 4096 bytes of staging.
         let staged = unsafe { std::slice::from_raw_parts(staging.as_mut_ptr(), 4096) };
         assert_eq!(staged, &src[..]);
+    }
+
+    #[test]
+    fn memory_is_zeroed_and_page_aligned_at_any_size() {
+        let page = rustix::param::page_size();
+        for len in [0, 1, page - 1, page, 3 * page + 5] {
+            let mut mem = HostMemory::zeroed(len).unwrap();
+            assert_eq!(mem.addr() as usize % page, 0, "{len} bytes");
+            assert_eq!(mem.heap.is_none(), len >= page, "{len} bytes");
+            // SAFETY: `mem` owns `len` initialised (zeroed) bytes.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(mem.as_mut_ptr(), len) };
+            assert!(bytes.iter().all(|&b| b == 0), "{len} bytes");
+            bytes.fill(0xab);
+        }
     }
 
     #[test]

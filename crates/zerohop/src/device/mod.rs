@@ -9,7 +9,6 @@ mod cuda;
 mod host;
 mod name;
 
-pub(crate) use checksums::wait_for_buffer_streams;
 pub use checksums::DeviceChecksums;
 pub use cuda::{cuda_driver_summary, CudaDevice};
 pub use host::HostDevice;
@@ -17,8 +16,9 @@ pub use host::HostDevice;
 pub(crate) use host::HostMemory;
 pub use name::{open_device, open_gpu, DeviceName, DEVICE_HELP};
 
-use crate::Result;
+use crate::{Error, Result};
 use std::any::Any;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -127,7 +127,7 @@ impl DeviceBuffer {
     }
 
     /// The owner's stream, for buffers made with
-    /// [`DeviceBuffer::borrowed_on_stream`].
+    /// [`DeviceBuffer::borrowed_on_stream`] (or [`Device::borrow`] with one).
     pub fn stream(&self) -> Option<u64> {
         self.stream
     }
@@ -149,9 +149,13 @@ impl DeviceBuffer {
     }
 
     /// This buffer, with transfers waiting for `stream` first (see
-    /// [`DeviceBuffer::borrowed_on_stream`], whose contract the caller
-    /// keeps).
-    pub(crate) fn on_stream(mut self, stream: Option<u64>) -> Self {
+    /// [`DeviceBuffer::borrowed_on_stream`]).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of the buffer's device (0 for the
+    /// legacy default stream) while the buffer is used: transfers hand it
+    /// to the device's `wait_for_stream`.
+    pub(crate) unsafe fn on_stream(mut self, stream: Option<u64>) -> Self {
         self.stream = stream;
         self
     }
@@ -172,6 +176,34 @@ impl DeviceBuffer {
             ))),
         }
     }
+}
+
+/// Blocks until the work queued on `buffers`' framework streams has
+/// finished, each stream waited for once, so nothing touches memory a
+/// framework's kernels still use. A buffer of another device is an error.
+pub(crate) fn wait_for_buffer_streams<'a>(
+    device: &dyn Device,
+    buffers: impl IntoIterator<Item = &'a DeviceBuffer>,
+) -> Result<()> {
+    let mut streams = BTreeSet::new();
+    for b in buffers {
+        if b.device() != device.kind() {
+            return Err(Error::invalid(format!(
+                "a buffer of {} cannot be used on {}",
+                b.device(),
+                device.kind()
+            )));
+        }
+        streams.extend(b.stream());
+    }
+    for s in streams {
+        // SAFETY: a buffer carries a stream only through the unsafe
+        // `DeviceBuffer::borrowed_on_stream` or `DeviceBuffer::on_stream`
+        // (which `Device::borrow` uses), whose callers vouch that it is a
+        // live stream of the buffer's device, checked above to be `device`.
+        unsafe { device.wait_for_stream(s)? };
+    }
+    Ok(())
 }
 
 /// Host memory the device can copy from asynchronously (pinned for CUDA).
@@ -239,6 +271,10 @@ pub trait Device: Send + Sync {
     /// while a GPU copies from pages it pinned and reports an error.
     fn copies_by_dma(&self) -> bool;
 
+    /// Whether `alloc_staging` gives pinned (page-locked) memory that the
+    /// device copies by DMA, as a GPU's does; what stats report.
+    fn pins_staging(&self) -> bool;
+
     /// Pins existing host memory (e.g. a read-only file mapping) so copies
     /// can read it directly. `None` when this device cannot do that.
     ///
@@ -257,9 +293,7 @@ pub trait Device: Send + Sync {
     /// Wraps `addr..addr+len`, memory a framework allocated on this device
     /// (a tensor's storage), for transfers; with `stream`, transfers first
     /// wait for the work queued on it (see
-    /// [`DeviceBuffer::borrowed_on_stream`]). The simulated device
-    /// registers the range for its copy checks, refusing one that overlaps
-    /// memory it already knows, until the last clone of the buffer drops.
+    /// [`DeviceBuffer::borrowed_on_stream`]).
     ///
     /// # Safety
     /// As [`DeviceBuffer::borrowed_on_stream`]: the range is memory of this

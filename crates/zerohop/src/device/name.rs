@@ -1,6 +1,6 @@
 //! Device names, one parser for the CLI, the Python package and the agent.
 
-use super::{CudaDevice, Device, HostDevice};
+use super::{cuda_driver_summary, CudaDevice, Device, HostDevice};
 use crate::{Error, ErrorKind, Result};
 use std::fmt;
 use std::str::FromStr;
@@ -54,24 +54,27 @@ impl fmt::Display for DeviceName {
 }
 
 impl DeviceName {
-    /// `Auto` made definite: `cuda:0` where a GPU opens, else `host`.
-    pub fn resolve(self) -> DeviceName {
-        match self {
-            DeviceName::Auto if CudaDevice::open(0).is_ok() => DeviceName::Cuda(0),
-            DeviceName::Auto => DeviceName::Host,
+    /// `Auto` made definite without opening anything: `cuda:0` where the
+    /// driver counts a GPU, `host` where there is no GPU or driver. Any
+    /// other driver failure is an error, and so is, later, a GPU that does
+    /// not open (out of memory, permission): never a silent fallback.
+    pub fn resolve(self) -> Result<DeviceName> {
+        Ok(match self {
+            DeviceName::Auto => match cuda_driver_summary() {
+                Ok((_, gpus)) if gpus > 0 => DeviceName::Cuda(0),
+                Ok(_) => DeviceName::Host,
+                Err(e) if e.kind() == ErrorKind::NoGpu => DeviceName::Host,
+                Err(e) => return Err(e),
+            },
             name => name,
-        }
+        })
     }
 
-    /// Opens the named device (`auto`: the first GPU, else host memory).
+    /// Opens the named device (`auto` as [`DeviceName::resolve`] says).
     pub fn open(self) -> Result<Arc<dyn Device>> {
-        match self {
-            DeviceName::Auto => match CudaDevice::open(0) {
-                Ok(gpu) => Ok(Arc::new(gpu)),
-                Err(_) => Ok(Arc::new(HostDevice::new())),
-            },
+        match self.resolve()? {
             DeviceName::Cuda(n) => Ok(Arc::new(open_gpu(n)?)),
-            DeviceName::Host => Ok(Arc::new(HostDevice::new())),
+            DeviceName::Host | DeviceName::Auto => Ok(Arc::new(HostDevice::new())),
             DeviceName::Sim => open_sim(),
         }
     }
@@ -146,7 +149,7 @@ mod tests {
 
     #[test]
     fn host_memory_opens_anywhere() {
-        for name in [DeviceName::Host, DeviceName::Auto.resolve()] {
+        for name in [DeviceName::Host, DeviceName::Auto.resolve().unwrap()] {
             let dev = name.open().unwrap();
             if name == DeviceName::Host {
                 assert_eq!(dev.kind(), crate::DeviceKind::Host);

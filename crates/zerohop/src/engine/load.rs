@@ -4,6 +4,7 @@
 use super::read_pipeline::{self, Job, Moved, ReadCheck, Worker};
 use super::route::{FileRoute, Route, NO_DMA_NOTE, STAGED};
 use super::{page_cache_dma, Engine, HotRoute, Progress};
+use crate::device::wait_for_buffer_streams;
 use crate::plan::{work_items, Extent, TransferPlan};
 use crate::staging::StagingPool;
 use crate::stats::TransferStats;
@@ -44,7 +45,8 @@ impl Engine {
         let cpu_before = crate::stats::cpu_seconds();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         plan.check_device(self.device.kind())?;
-        self.wait_for_streams(plan.streams())?;
+        plan.check_disjoint_destinations()?;
+        wait_for_buffer_streams(self.device.as_ref(), plan.buffers())?;
         let routes: Vec<FileRoute> = files
             .iter()
             .map(|f| match self.route_for(f) {
@@ -79,7 +81,7 @@ impl Engine {
             buffered_bytes: done.moved.buffered,
             page_cache_dma_bytes: done.moved.page_cache_dma,
             staging_bytes: pool.bytes(),
-            pinned_staging: self.device.copies_by_dma(),
+            pinned_staging: self.device.pins_staging(),
             io_threads: done.threads,
             files: files.len(),
             windows: done.windows,

@@ -18,7 +18,6 @@ mod write_pipeline;
 pub use config::{DirectIo, EngineConfig};
 pub use read_pipeline::ReadCheck;
 pub use route::HotRoute;
-pub(crate) use route::Route;
 pub use workers::Progress;
 pub use write_pipeline::WriteFilter;
 
@@ -158,20 +157,16 @@ impl Engine {
         pieces: Vec<(&SourceFile, u64, &mut [u8])>,
     ) -> Result<TransferStats> {
         // Whether a file is cached is asked once per file, not per piece.
-        let mut cold = std::collections::HashMap::new();
+        let mut direct = std::collections::HashMap::new();
         let reads = pieces
             .into_iter()
             .map(|(file, offset, dst)| HostRead {
                 file,
                 offset,
                 dst,
-                direct: match self.config.direct_io {
-                    DirectIo::Never => false,
-                    DirectIo::Always => true,
-                    DirectIo::Auto => *cold
-                        .entry(std::ptr::from_ref(file))
-                        .or_insert_with(|| file.resident_fraction() < self.config.hot_threshold),
-                },
+                direct: *direct
+                    .entry(std::ptr::from_ref(file))
+                    .or_insert_with(|| self.reads_direct(|| self.is_hot(file))),
             })
             .collect();
         crate::host_read::read_to_host(self.backend.as_ref(), self.config.io_threads, reads)
@@ -203,18 +198,5 @@ impl Engine {
         progress: Option<Progress<'_>>,
     ) -> Result<TransferStats> {
         self.run_transfer(files, plan, Some(check), progress)
-    }
-
-    /// Waits for the work queued on the streams of borrowed buffers (see
-    /// [`TransferPlan::streams`]), so nothing touches memory a framework's
-    /// kernels still use.
-    fn wait_for_streams(&self, streams: std::collections::BTreeSet<u64>) -> Result<()> {
-        for s in streams {
-            // SAFETY: buffers carry a stream only through
-            // `DeviceBuffer::borrowed_on_stream`, whose caller vouches that
-            // it is a live stream of the buffer's device.
-            unsafe { self.device.wait_for_stream(s)? };
-        }
-        Ok(())
     }
 }

@@ -9,9 +9,7 @@
 
 use super::route::{Route, STAGED};
 use crate::plan::Extent;
-use crate::storage::{IoMode, SourceFile};
-
-pub(super) use crate::storage::FileMapping;
+use crate::storage::{FileMapping, IoMode, SourceFile};
 
 /// Maps every file whose route is page-cache DMA and that `extents` read.
 /// A file that cannot be mapped takes the staged route instead, and a note

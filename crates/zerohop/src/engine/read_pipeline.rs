@@ -7,13 +7,13 @@
 //! pages cannot be pinned). Before a worker returns, every fence it recorded
 //! has been waited for: no copy outlives the memory it reads.
 
-use super::page_cache_dma::{populate, FileMapping};
+use super::page_cache_dma::populate;
 use super::route::Route;
 use super::workers::{assert_fits, run_workers, Progress};
 use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
 use crate::plan::{Extent, Window, WindowCopy, WorkItem};
 use crate::stats::WorkerProfile;
-use crate::storage::{BlockReader, IoMode, SourceFile};
+use crate::storage::{BlockReader, FileMapping, IoMode, SourceFile};
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -1,11 +1,13 @@
 //! Route choice: how each file's bytes travel to the device. The routes are
 //! one family: [`HotRoute`] is the setting for files already in the page
 //! cache, [`FileRoute`] a file's route before the hot route is measured,
-//! and [`Route`] how one window's bytes finally travel.
+//! and [`Route`] (a part of the plan) how one window's bytes finally travel.
 
 use super::hot_choice::{self, HotChoice};
 use super::load::Phase;
 use super::{DirectIo, Engine, Progress};
+pub(crate) use crate::plan::{Route, STAGED};
+
 use crate::plan::{split_extents, Extent};
 use crate::staging::StagingPool;
 use crate::storage::{IoMode, SourceFile};
@@ -26,19 +28,6 @@ pub enum HotRoute {
     PageCacheDma,
 }
 
-/// How one window's bytes reach the device (`staged` and `page-cache DMA`
-/// in stats).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Route {
-    /// Read into a staging slot (buffered or O_DIRECT), then copied.
-    Staged(IoMode),
-    /// Copied by the device straight from the file's pinned page-cache pages.
-    PageCacheDma,
-}
-
-/// Buffered reads into staging slots: the route for hot files until measured.
-pub(crate) const STAGED: Route = Route::Staged(IoMode::Buffered);
-
 /// A file's route before the hot route is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum FileRoute {
@@ -57,7 +46,7 @@ impl Engine {
     /// The route for a file: `MeasuredHot` for files in the page cache (per
     /// `hot_route`), else staged reads, O_DIRECT per `direct_io`.
     pub(super) fn route_for(&self, f: &SourceFile) -> FileRoute {
-        let hot = f.resident_fraction() >= self.config.hot_threshold;
+        let hot = self.is_hot(f);
         match self.config.hot_route {
             HotRoute::PageCacheDma if self.dma_copies => {
                 return FileRoute::Fixed(Route::PageCacheDma)
@@ -65,17 +54,28 @@ impl Engine {
             HotRoute::Auto if hot && self.dma_copies => return FileRoute::MeasuredHot,
             _ => {}
         }
-        let direct = f.direct_capable()
-            && match self.config.direct_io {
-                DirectIo::Never => false,
-                DirectIo::Always => true,
-                DirectIo::Auto => !hot,
-            };
+        let direct = f.direct_capable() && self.reads_direct(|| hot);
         FileRoute::Fixed(Route::Staged(if direct {
             IoMode::Direct
         } else {
             IoMode::Buffered
         }))
+    }
+
+    /// Whether most of `f` is in the page cache (per `hot_threshold`).
+    pub(super) fn is_hot(&self, f: &SourceFile) -> bool {
+        f.resident_fraction() >= self.config.hot_threshold
+    }
+
+    /// Whether a file is read with O_DIRECT per `direct_io`; `hot` (whether
+    /// the file is in the page cache, a system call) is asked only by
+    /// `DirectIo::Auto`.
+    pub(super) fn reads_direct(&self, hot: impl FnOnce() -> bool) -> bool {
+        match self.config.direct_io {
+            DirectIo::Never => false,
+            DirectIo::Always => true,
+            DirectIo::Auto => !hot(),
+        }
     }
 
     /// The route for hot files, and the hot extents still to move. With

@@ -2,6 +2,7 @@
 
 use super::write_pipeline::{self, WriteFilter, WriteJob, WriteWorker};
 use super::{Engine, Progress};
+use crate::device::wait_for_buffer_streams;
 use crate::plan::{interleave_files, windows, TransferPlan};
 use crate::stats::{Direction, TransferStats};
 use crate::storage::{sync_dir, IoMode, SinkFile, DIRECT_ALIGN};
@@ -30,7 +31,7 @@ impl Engine {
         check_disjoint(files, plan)?;
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         plan.check_device(self.device.kind())?;
-        self.wait_for_streams(plan.streams())?;
+        wait_for_buffer_streams(self.device.as_ref(), plan.buffers())?;
         let slot_bytes = pool.config().slot_bytes as u64;
         let windows = interleave_files(windows(plan.extents(), slot_bytes, DIRECT_ALIGN));
         let shares = pool.worker_shares(self.config.io_threads.min(windows.len()));
@@ -62,7 +63,7 @@ impl Engine {
             skipped_bytes: written.skipped,
             sync_seconds: synced.elapsed().as_secs_f64(),
             staging_bytes: pool.bytes(),
-            pinned_staging: self.device.copies_by_dma(),
+            pinned_staging: self.device.pins_staging(),
             io_threads: threads,
             files: files.len(),
             windows: job.windows.len(),

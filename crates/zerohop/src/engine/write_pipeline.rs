@@ -31,6 +31,15 @@ pub(super) struct Written {
     pub profile: WorkerProfile,
 }
 
+impl Written {
+    fn add(&mut self, o: Written) {
+        self.direct += o.direct;
+        self.buffered += o.buffered;
+        self.skipped += o.skipped;
+        self.profile.add(o.profile);
+    }
+}
+
 pub(super) struct WriteJob<'a> {
     pub files: &'a [SinkFile],
     pub writer: &'a dyn WriteBackend,
@@ -51,10 +60,7 @@ pub(super) fn run(job: &WriteJob<'_>, workers: Vec<WriteWorker<'_>>) -> Result<W
     let abort = AtomicBool::new(false);
     let mut total = Written::default();
     for w in run_workers(workers, &abort, |w| work(job, &next, &abort, w))? {
-        total.direct += w.direct;
-        total.buffered += w.buffered;
-        total.skipped += w.skipped;
-        total.profile.add(w.profile);
+        total.add(w);
     }
     Ok(total)
 }

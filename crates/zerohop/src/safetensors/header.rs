@@ -1,9 +1,11 @@
 use crate::storage::SourceFile;
 use crate::{Error, Result};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::marker::PhantomData;
 
 /// Headers larger than this are refused (the reference implementation's
 /// limit): a hostile length must not make us allocate gigabytes.
@@ -80,17 +82,17 @@ impl Dtype {
 
     /// Bytes a tensor of this type and shape holds. An error when the size
     /// overflows, or when sub-byte elements would end in a partial byte
-    /// (safetensors refuses those too).
-    pub fn byte_len(self, shape: &[u64]) -> std::result::Result<u64, String> {
+    /// (safetensors refuses those too): `ErrorKind::Format`.
+    pub fn byte_len(self, shape: &[u64]) -> Result<u64> {
         let bits = shape
             .iter()
             .try_fold(self.bits(), |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| format!("shape {shape:?} is too large"))?;
+            .ok_or_else(|| Error::format(format!("shape {shape:?} is too large")))?;
         if bits % 8 != 0 {
-            return Err(format!(
+            return Err(Error::format(format!(
                 "{} with shape {shape:?} ends in a partial byte ({bits} bits)",
                 self.name()
-            ));
+            )));
         }
         Ok(bits / 8)
     }
@@ -206,11 +208,10 @@ pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
     let json = bytes
         .get(8..8 + n as usize)
         .ok_or_else(|| Error::format(format!("header of {n} bytes is incomplete")))?;
-    let HeaderEntries(root) = serde_json::from_slice(json).map_err(|e| {
+    let root: Fields<Box<RawValue>> = serde_json::from_slice(json).map_err(|e| {
         Error::with_source(crate::ErrorKind::Format, "header is not a JSON object", e)
     })?;
-    let mut names = HashSet::with_capacity(root.len());
-    if let Some((name, _)) = root.iter().find(|(name, _)| !names.insert(name.as_str())) {
+    if let Some(name) = root.repeated() {
         return Err(Error::format(format!(
             "the header names {name:?} more than once"
         )));
@@ -218,8 +219,8 @@ pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
     let data_start = 8 + n;
     let data_len = file_len - data_start;
     let mut metadata = BTreeMap::new();
-    let mut tensors = Vec::with_capacity(root.len());
-    for (name, v) in root {
+    let mut tensors = Vec::with_capacity(root.0.len());
+    for (name, v) in root.0 {
         if name == "__metadata__" {
             metadata = parse_metadata(&v)?;
         } else {
@@ -257,37 +258,61 @@ pub fn parse_header(bytes: &[u8], file_len: u64) -> Result<Header> {
     })
 }
 
-/// The header's top-level entries in file order, repeated names included
-/// (a JSON map would silently keep only the last of them).
-struct HeaderEntries(Vec<(String, Value)>);
+/// A JSON object's fields in order, repeated keys included (a JSON map
+/// would silently keep only the last of them): the header's entries, and
+/// each entry's fields.
+struct Fields<V>(Vec<(String, V)>);
 
-impl<'de> Deserialize<'de> for HeaderEntries {
+impl<V> Fields<V> {
+    /// The first key given more than once, if any.
+    fn repeated(&self) -> Option<&str> {
+        let mut seen = HashSet::with_capacity(self.0.len());
+        self.0
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .find(|k| !seen.insert(*k))
+    }
+}
+
+/// The fields of `json`, an object whose keys must differ; `None` if it is
+/// not an object.
+fn unique_fields(json: &RawValue) -> Option<Result<Map<String, Value>>> {
+    let fields: Fields<Value> = serde_json::from_str(json.get()).ok()?;
+    Some(match fields.repeated() {
+        Some(k) => Err(Error::format(format!(
+            "field {k:?} is given more than once"
+        ))),
+        None => Ok(fields.0.into_iter().collect()),
+    })
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Fields<V> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct Entries;
-        impl<'de> Visitor<'de> for Entries {
-            type Value = HeaderEntries;
+        struct Entries<V>(PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for Entries<V> {
+            type Value = Fields<V>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object")
             }
             fn visit_map<A: MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> std::result::Result<HeaderEntries, A::Error> {
+            ) -> std::result::Result<Fields<V>, A::Error> {
                 let mut entries = Vec::new();
                 while let Some(entry) = map.next_entry()? {
                     entries.push(entry);
                 }
-                Ok(HeaderEntries(entries))
+                Ok(Fields(entries))
             }
         }
-        d.deserialize_map(Entries)
+        d.deserialize_map(Entries(PhantomData))
     }
 }
 
-fn parse_metadata(v: &Value) -> Result<BTreeMap<String, String>> {
-    let obj = v
-        .as_object()
-        .ok_or_else(|| Error::format("__metadata__ must be an object of strings"))?;
+fn parse_metadata(v: &RawValue) -> Result<BTreeMap<String, String>> {
+    let obj = unique_fields(v)
+        .ok_or_else(|| Error::format("__metadata__ must be an object of strings"))?
+        .map_err(|e| e.context("__metadata__"))?;
     obj.iter()
         .map(|(k, v)| match v {
             Value::String(s) => Ok((k.clone(), s.clone())),
@@ -298,9 +323,11 @@ fn parse_metadata(v: &Value) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
-fn parse_entry(name: String, v: &Value, data_len: u64) -> Result<TensorInfo> {
+fn parse_entry(name: String, v: &RawValue, data_len: u64) -> Result<TensorInfo> {
     let bad = |what: &str| Error::format(format!("tensor {name:?}: {what}"));
-    let obj = v.as_object().ok_or_else(|| bad("entry is not an object"))?;
+    let obj = unique_fields(v)
+        .ok_or_else(|| bad("entry is not an object"))?
+        .map_err(|e| e.context(format!("tensor {name:?}")))?;
     if let Some(k) = obj
         .keys()
         .find(|k| !["dtype", "shape", "data_offsets"].contains(&k.as_str()))
@@ -340,7 +367,9 @@ fn parse_entry(name: String, v: &Value, data_len: u64) -> Result<TensorInfo> {
             "data_offsets end {end} lies past the end of the data section ({data_len} bytes): truncated file?"
         )));
     }
-    let bytes = dtype.byte_len(&shape).map_err(|e| bad(&e))?;
+    let bytes = dtype
+        .byte_len(&shape)
+        .map_err(|e| e.context(format!("tensor {name:?}")))?;
     if bytes != end - begin {
         return Err(bad(&format!(
             "{} with shape {shape:?} needs {bytes} bytes but data_offsets span {}",
@@ -509,17 +538,37 @@ mod tests {
     }
 
     #[test]
+    fn a_field_given_twice_is_refused() {
+        let dtype_twice = r#"{"a":{"dtype":"U8","shape":[4],"dtype":"F32","data_offsets":[0,4]}}"#;
+        let e = err(dtype_twice, 4);
+        assert!(
+            e.contains(r#"tensor "a": field "dtype" is given more than once"#),
+            "{e}"
+        );
+        let key_twice = r#"{"__metadata__":{"k":"v","k":"w"}}"#;
+        let e = err(key_twice, 0);
+        assert!(
+            e.contains(r#"__metadata__: field "k" is given more than once"#),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn every_dtype_name_parses_back_and_sub_byte_types_pack() {
         for d in Dtype::ALL {
             assert_eq!(Dtype::parse(d.name()), Some(d));
         }
         assert_eq!(Dtype::parse("f32"), None);
-        assert_eq!(Dtype::F4.byte_len(&[2, 4]), Ok(4));
-        assert_eq!(Dtype::F6_E2M3.byte_len(&[4]), Ok(3));
-        assert_eq!(Dtype::F8_E4M3FNUZ.byte_len(&[3]), Ok(3));
-        assert_eq!(Dtype::C64.byte_len(&[]), Ok(8));
-        assert!(Dtype::F6_E3M2.byte_len(&[3]).is_err());
-        assert!(Dtype::U64.byte_len(&[u64::MAX]).is_err());
+        assert_eq!(Dtype::F4.byte_len(&[2, 4]).unwrap(), 4);
+        assert_eq!(Dtype::F6_E2M3.byte_len(&[4]).unwrap(), 3);
+        assert_eq!(Dtype::F8_E4M3FNUZ.byte_len(&[3]).unwrap(), 3);
+        assert_eq!(Dtype::C64.byte_len(&[]).unwrap(), 8);
+        for bad in [
+            Dtype::F6_E3M2.byte_len(&[3]),
+            Dtype::U64.byte_len(&[u64::MAX]),
+        ] {
+            assert_eq!(bad.unwrap_err().kind(), crate::ErrorKind::Format);
+        }
     }
 
     #[test]

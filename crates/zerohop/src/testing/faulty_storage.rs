@@ -2,6 +2,7 @@
 //! failed writes and `fsync`s.
 
 use crate::storage::{BlockReader, IoMode, ReadBackend, SinkFile, SourceFile, WriteBackend};
+use rustix::io::Errno;
 use std::io;
 use std::sync::Arc;
 
@@ -60,13 +61,13 @@ impl BlockReader for FaultyReader {
         for f in &self.faults {
             match *f {
                 Fault::Eio { at } if (offset..end).contains(&at) => {
-                    return Err(io::Error::from_raw_os_error(libc::EIO))
+                    return Err(io::Error::from(Errno::IO))
                 }
                 Fault::ShortRead { at } if at < end => {
                     limit = limit.min(at.saturating_sub(offset) as usize)
                 }
                 Fault::RefuseDirect if mode == IoMode::Direct => {
-                    return Err(io::Error::from_raw_os_error(libc::EINVAL))
+                    return Err(io::Error::from(Errno::INVAL))
                 }
                 _ => {}
             }
@@ -109,10 +110,10 @@ impl WriteBackend for FaultyWriteBackend {
         for f in &self.faults {
             match *f {
                 WriteFault::NoSpace { at } if end > at => {
-                    return Err(io::Error::from_raw_os_error(libc::ENOSPC))
+                    return Err(io::Error::from(Errno::NOSPC))
                 }
                 WriteFault::Eio { at } if (offset..end).contains(&at) => {
-                    return Err(io::Error::from_raw_os_error(libc::EIO))
+                    return Err(io::Error::from(Errno::IO))
                 }
                 _ => {}
             }
@@ -122,7 +123,7 @@ impl WriteBackend for FaultyWriteBackend {
 
     fn sync(&self, file: &SinkFile) -> io::Result<()> {
         if self.faults.contains(&WriteFault::SyncFails) {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
+            return Err(io::Error::from(Errno::IO));
         }
         self.inner.sync(file)
     }

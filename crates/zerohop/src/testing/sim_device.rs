@@ -234,6 +234,11 @@ impl Device for SimDevice {
         self.config.copies_by_dma
     }
 
+    fn pins_staging(&self) -> bool {
+        // Its staging is plain host memory, even when it claims DMA copies.
+        false
+    }
+
     unsafe fn pin_host(&self, ptr: *const u8, len: usize) -> Result<Option<Box<dyn HostPin>>> {
         if self.config.refuse_pin {
             return Err(Error::new(ErrorKind::Device, "injected pin refusal"));
@@ -255,6 +260,9 @@ impl Device for SimDevice {
         Ok(())
     }
 
+    /// Registers the range for the copy checks, refusing one that overlaps
+    /// memory this device already knows, until the last clone of the buffer
+    /// drops.
     unsafe fn borrow(
         &self,
         addr: DeviceAddr,
@@ -283,7 +291,10 @@ impl Device for SimDevice {
             start: addr,
             registry: self.registry.clone(),
         };
-        Ok(DeviceBuffer::owned(addr, len, self.kind(), Arc::new(guard)).on_stream(stream))
+        let buf = DeviceBuffer::owned(addr, len, self.kind(), Arc::new(guard));
+        // SAFETY: forwarded contract of `Device::borrow`: `stream` is live
+        // (the simulated device only records that it was waited for).
+        Ok(unsafe { buf.on_stream(stream) })
     }
 
     fn checksums(&self) -> Option<&dyn DeviceChecksums> {
@@ -331,7 +342,7 @@ impl DeviceChecksums for SimDevice {
     }
 
     fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>> {
-        wait_for_buffer_streams(self, chunks)?;
+        wait_for_buffer_streams(self, chunks.iter().flatten())?;
         if self.config.fail_checksums {
             return Err(Error::new(ErrorKind::Device, "injected checksum failure"));
         }
