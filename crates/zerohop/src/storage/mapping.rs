@@ -8,8 +8,9 @@ use std::io;
 
 /// A read-only shared mapping of a whole file; unmapped on drop. Its bytes
 /// are only ever read by a device's DMA or asked about with `mincore`,
-/// never by the CPU: a file truncated while mapped would fault a CPU read
-/// (SIGBUS).
+/// never by the CPU (but for the simulated device told to claim DMA, in
+/// tests where no file changes): a file truncated while mapped would fault
+/// a CPU read (SIGBUS).
 #[derive(Debug)]
 pub struct FileMapping {
     ptr: *mut c_void,
