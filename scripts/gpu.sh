@@ -28,9 +28,12 @@ for line in sys.stdin:
         shutil.copy(exe, ".stage/tests/" + m["target"]["name"])
 '
     strip .stage/bin/* .stage/tests/*
-    # The Python package as an abi3 wheel (the GPU machine runs 3.12).
+    # The Python package as an abi3 wheel (the GPU machine runs 3.12), with
+    # the simulated device (feature `sim`) that its tests use; maturin's
+    # --features replaces pyproject.toml's list, so that one is named again.
     python3 -m maturin --version > /dev/null 2>&1 || python3 -m pip install -q maturin
-    CARGO_PROFILE_RELEASE_DEBUG=0 python3 -m maturin build --release --strip --out .stage/wheel
+    CARGO_PROFILE_RELEASE_DEBUG=0 python3 -m maturin build --release --strip --out .stage/wheel \
+        --features sim,pyo3/extension-module
     # safetensors' own tests, for the python step (the GPU machine has no network).
     python3 python/compat/run.py --fetch-only --cache .stage/compat
     git rev-parse --short HEAD > .stage/commit
