@@ -71,11 +71,19 @@ device() {
             ;;
         tests)
             # The GPU tests are #[ignore]d where cargo test runs without a
-            # GPU; here they run, and fail if the GPU is missing.
+            # GPU; here they run, and fail if the GPU is missing. Every
+            # binary runs; the step fails after them if any failed.
+            failed=()
             for t in .stage/tests/*; do
                 echo "--- $t"
-                "$t" --include-ignored --test-threads 1 --nocapture 2>&1 | tee -a "$OUT/info-and-tests.txt" | grep -E "skipped|GB/s|test result|FAILED|panicked" || true
+                "$t" --include-ignored --test-threads 1 --nocapture 2>&1 | tee -a "$OUT/info-and-tests.txt" \
+                    | { grep -E "skipped|GB/s|test result|FAILED|panicked" || true; } \
+                    || failed+=("${t##*/} (exit ${PIPESTATUS[0]})")
             done
+            if [ ${#failed[@]} -gt 0 ]; then
+                echo "=== tests FAILED: ${failed[*]} (whole output: info-and-tests.txt)"
+                exit 1
+            fi
             ;;
         hot)
             ensure_hot
