@@ -151,6 +151,12 @@ class Buffer(NamedTuple):
     owner: Any
 
 
+class NotMemoryError(TypeError):
+    """`describe` was given an object of a type that holds no memory it
+    can address; errors about a tensor or array of the right type are
+    other exceptions, so callers can tell the two apart."""
+
+
 def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
     """The memory of a torch tensor, a numpy array, any DLPack producer, or
     any object with the buffer protocol. It must be contiguous; `writable`
@@ -216,7 +222,7 @@ def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
     try:
         view = memoryview(obj)
     except TypeError:
-        raise TypeError(
+        raise NotMemoryError(
             f"{type(obj).__name__} is not a tensor, array, DLPack producer or buffer"
         ) from None
     if not view.c_contiguous:
