@@ -85,11 +85,13 @@ fn sim_device() -> PyResult<Arc<dyn zerohop::Device>> {
     })))
 }
 
-/// Built without the `sim` feature: zerohop's error, which says that the
-/// simulated device is for tests.
+/// Built without the `sim` feature (as released wheels are).
 #[cfg(not(feature = "sim"))]
 fn sim_device() -> PyResult<Arc<dyn zerohop::Device>> {
-    DeviceName::Sim.open().map_err(to_py)
+    Err(to_py(zerohop::Error::invalid(
+        "device=\"sim\", the simulated device, is for tests and not in this build: \
+         build the package with the `sim` feature (scripts/test.sh does), or use device=\"cpu\"",
+    )))
 }
 
 fn host_config() -> EngineConfig {
