@@ -117,7 +117,8 @@ def dtype_name(dtype) -> str:
 
 def device_name(device: Any) -> str:
     """Normalizes a device argument to 'cpu', 'cuda:N' or 'sim' (host memory
-    moved through the simulated device: for tests without a GPU). Takes the
+    moved through the simulated device: for tests without a GPU, in builds
+    with the `sim` feature only, as scripts/test.sh makes). Takes the
     words of every zerohop interface ('auto', 'cuda', 'cuda:N', 'host' or
     'cpu', 'sim'), parsed natively, plus an int or a torch.device; as in
     torch, a bare 'cuda' is torch's current GPU."""
