@@ -28,9 +28,12 @@ for line in sys.stdin:
         shutil.copy(exe, ".stage/tests/" + m["target"]["name"])
 '
     strip .stage/bin/* .stage/tests/*
-    # The Python package as an abi3 wheel (the GPU machine runs 3.12).
+    # The Python package as an abi3 wheel (the GPU machine runs 3.12), with
+    # the simulated device (feature `sim`) that its tests use; maturin's
+    # --features replaces pyproject.toml's list, so that one is named again.
     python3 -m maturin --version > /dev/null 2>&1 || python3 -m pip install -q maturin
-    CARGO_PROFILE_RELEASE_DEBUG=0 python3 -m maturin build --release --strip --out .stage/wheel
+    CARGO_PROFILE_RELEASE_DEBUG=0 python3 -m maturin build --release --strip --out .stage/wheel \
+        --features sim,pyo3/extension-module
     # safetensors' own tests, for the python step (the GPU machine has no network).
     python3 python/compat/run.py --fetch-only --cache .stage/compat
     git rev-parse --short HEAD > .stage/commit
@@ -68,11 +71,19 @@ device() {
             ;;
         tests)
             # The GPU tests are #[ignore]d where cargo test runs without a
-            # GPU; here they run, and fail if the GPU is missing.
+            # GPU; here they run, and fail if the GPU is missing. Every
+            # binary runs; the step fails after them if any failed.
+            failed=()
             for t in .stage/tests/*; do
                 echo "--- $t"
-                "$t" --include-ignored --test-threads 1 --nocapture 2>&1 | tee -a "$OUT/info-and-tests.txt" | grep -E "skipped|GB/s|test result|FAILED|panicked" || true
+                "$t" --include-ignored --test-threads 1 --nocapture 2>&1 | tee -a "$OUT/info-and-tests.txt" \
+                    | { grep -E "skipped|GB/s|test result|FAILED|panicked" || true; } \
+                    || failed+=("${t##*/} (exit ${PIPESTATUS[0]})")
             done
+            if [ ${#failed[@]} -gt 0 ]; then
+                echo "=== tests FAILED: ${failed[*]} (whole output: info-and-tests.txt)"
+                exit 1
+            fi
             ;;
         hot)
             ensure_hot

@@ -7,25 +7,43 @@
 # safetensors' own PyTorch tests pointed at zerohop (python/compat/).
 #
 #   scripts/test.sh [CARGO TEST OPTIONS]   # CI passes --locked
+#   ZEROHOP_TEST_EXTRAS=torch scripts/test.sh
+#                                          # more packages into .venv/ first
+#                                          # (pip requirement specifiers,
+#                                          # space-separated; CI adds torch)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 venv="$PWD/.venv"
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$venv/bin/python"
+# Without Debian's and Ubuntu's python3-venv, `python3 -m venv` fails at
+# ensurepip and leaves a python without pip behind: what is tested is pip.
+if ! "$py" -m pip --version > /dev/null 2>&1; then
+    rm -rf "$venv"
+    if ! python3 -m venv "$venv" || ! "$py" -m pip --version > /dev/null 2>&1; then
+        rm -rf "$venv"
+        echo "scripts/test.sh: cannot make a virtual environment with pip in .venv/;" \
+            "install Python's venv module (Debian, Ubuntu: apt-get install python3-venv)" >&2
+        exit 1
+    fi
+fi
 pip=("$py" -m pip install --quiet --disable-pip-version-check)
-# safetensors at the version whose own tests python/compat runs; maturin
-# here builds zerohop without fetching it again for every install.
-"${pip[@]}" pytest numpy safetensors==0.8.0 "maturin>=1.9,<2"
-# The venv first on PATH: the Rust interoperability test runs `python3`
-# with safetensors and numpy, and the build finds maturin.
+# maturin here builds zerohop without fetching it again for every install.
+read -ra extras <<< "${ZEROHOP_TEST_EXTRAS:-}"
+"${pip[@]}" "maturin>=1.9,<2" "${extras[@]}"
+# The package with its `test` extra (pyproject.toml: pytest, numpy and the
+# safetensors version whose own tests python/compat runs), before
+# `cargo test`: the Rust interoperability test runs `python3` with
+# safetensors and numpy. A debug build with the simulated device (feature
+# `sim`, which the Python tests use): maturin's --features replaces
+# pyproject.toml's list, so that one is named again here.
+MATURIN_PEP517_ARGS="--profile dev --features sim,pyo3/extension-module" \
+    "${pip[@]}" --no-build-isolation ".[test]"
+# The venv first on PATH, for that test's `python3`.
 export PATH="$venv/bin:$PATH"
 
 cargo test --workspace "$@"
 
-# A debug build: the tests need the behaviour, not the speed, and it
-# reuses what `cargo test` compiled.
-MATURIN_PEP517_ARGS="--profile dev" "${pip[@]}" --no-build-isolation .
 # From outside the checkout, so `import zerohop` is the installed package;
 # the agent tests run the binary `cargo test` built.
 export ZEROHOP_BIN="$PWD/target/debug/zerohop"

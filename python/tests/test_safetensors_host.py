@@ -131,6 +131,17 @@ def test_save_refuses_what_safetensors_refuses_with_its_exception_types(tmp_path
         zerohop.save_file("notadict", path)
     with pytest.raises(ValueError, match=r"^Key `bad` is invalid, expected torch.Tensor but received <class 'dict'>$"):
         zerohop.save_file({"ok": np.ones(2), "bad": {"some": "thing"}}, path)
+    # A value of a type that holds memory keeps its own error, even a
+    # TypeError: only a wrong type becomes safetensors' "expected" message.
+    class RefusesExport:
+        def __dlpack__(self, *args, **kwargs):
+            raise TypeError("export refused")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    with pytest.raises(TypeError, match="export refused"):
+        zerohop.save_file({"ok": np.ones(2), "odd": RefusesExport()}, path)
     # Overlapping views of one array: named, in a RuntimeError.
     w = np.arange(12, dtype=np.float32).reshape(3, 4)
     with pytest.raises(RuntimeError, match=r"share memory.*\['head', 'w'\]"):

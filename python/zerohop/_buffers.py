@@ -117,7 +117,8 @@ def dtype_name(dtype) -> str:
 
 def device_name(device: Any) -> str:
     """Normalizes a device argument to 'cpu', 'cuda:N' or 'sim' (host memory
-    moved through the simulated device: for tests without a GPU). Takes the
+    moved through the simulated device: for tests without a GPU, in builds
+    with the `sim` feature only, as scripts/test.sh makes). Takes the
     words of every zerohop interface ('auto', 'cuda', 'cuda:N', 'host' or
     'cpu', 'sim'), parsed natively, plus an int or a torch.device; as in
     torch, a bare 'cuda' is torch's current GPU."""
@@ -149,6 +150,12 @@ class Buffer(NamedTuple):
     dtype: str  # safetensors name; 'U8' for untyped buffers
     shape: Tuple[int, ...]
     owner: Any
+
+
+class NotMemoryError(TypeError):
+    """`describe` was given an object of a type that holds no memory it
+    can address; errors about a tensor or array of the right type are
+    other exceptions, so callers can tell the two apart."""
 
 
 def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
@@ -216,7 +223,7 @@ def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
     try:
         view = memoryview(obj)
     except TypeError:
-        raise TypeError(
+        raise NotMemoryError(
             f"{type(obj).__name__} is not a tensor, array, DLPack producer or buffer"
         ) from None
     if not view.c_contiguous:

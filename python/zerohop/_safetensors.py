@@ -255,7 +255,9 @@ def _savable(tensors: Any) -> Dict[str, "_buffers.Buffer"]:
     for name, t in tensors.items():
         try:
             buffers[name] = _buffers.describe(t, writable=False)
-        except TypeError:
+        except _buffers.NotMemoryError:
+            # Only a value of the wrong type: any other error is about a
+            # real tensor and keeps its own message.
             raise ValueError(f"Key `{name}` is invalid, expected torch.Tensor but received {type(t)}") from None
     shared = _buffers.sharing_memory(buffers)
     if shared:

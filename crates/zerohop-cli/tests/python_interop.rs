@@ -1,7 +1,9 @@
 //! Interoperability with the `safetensors` Python package: files it writes
 //! load, checkpoint and restore through zerohop; files zerohop writes (the
 //! checkpoint's data files) load in it with the same tensors. Skipped,
-//! saying so, where Python lacks `safetensors` and `numpy` (CI installs them).
+//! saying so, where Python lacks `safetensors` and `numpy`; a failure instead
+//! where the `CI` environment variable is set (CI runs this through
+//! scripts/test.sh, whose .venv has both).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -70,7 +72,12 @@ fn safetensors_python_round_trips() {
     std::fs::create_dir_all(&root).unwrap();
     let model = root.join("py.safetensors");
     let Some(out) = python(WRITE, &[&model]) else {
-        eprintln!("skipped: python3 with safetensors and numpy is not installed");
+        let missing = "python3 with safetensors and numpy is not installed";
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{missing}: CI must run this test, not skip it (run it through scripts/test.sh)"
+        );
+        eprintln!("skipped: {missing}");
         return;
     };
     assert!(

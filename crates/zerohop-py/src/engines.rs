@@ -5,10 +5,8 @@ use crate::errors::to_py;
 use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 use zerohop::device::{open_gpu, HostDevice};
 use zerohop::staging::StagingConfig;
-use zerohop::testing::{SimConfig, SimDevice};
 use zerohop::{DeviceName, Engine, EngineConfig};
 
 /// Where the memory of a call lives, as the Python half names it.
@@ -70,18 +68,31 @@ pub fn engine(place: Place) -> PyResult<Arc<Engine>> {
             Engine::new(Arc::new(device), config)
         }
         Place::Host => Engine::new(Arc::new(HostDevice::new()), host_config()),
-        Place::Sim => {
-            let device = SimDevice::new(SimConfig {
-                max_copy_delay: Duration::from_micros(300),
-                ..SimConfig::default()
-            });
-            Engine::new(Arc::new(device), host_config())
-        }
+        Place::Sim => Engine::new(sim_device()?, host_config()),
     }
     .map_err(to_py)?;
     let made = Arc::new(made);
     engines.insert(place, made.clone());
     Ok(made)
+}
+
+/// The simulated device, with short copy delays so the tests stay quick.
+#[cfg(feature = "sim")]
+fn sim_device() -> PyResult<Arc<dyn zerohop::Device>> {
+    use zerohop::testing::{SimConfig, SimDevice};
+    Ok(Arc::new(SimDevice::new(SimConfig {
+        max_copy_delay: std::time::Duration::from_micros(300),
+        ..SimConfig::default()
+    })))
+}
+
+/// Built without the `sim` feature (as released wheels are).
+#[cfg(not(feature = "sim"))]
+fn sim_device() -> PyResult<Arc<dyn zerohop::Device>> {
+    Err(to_py(zerohop::Error::invalid(
+        "device=\"sim\", the simulated device, is for tests and not in this build: \
+         build the package with the `sim` feature (scripts/test.sh does), or use device=\"cpu\"",
+    )))
 }
 
 fn host_config() -> EngineConfig {
