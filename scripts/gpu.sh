@@ -6,7 +6,8 @@
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
 # Steps: info, tests, python, hot, cold, sweep, peers, checkpoint, save, agent,
-# compare (before/after a change: needs .before/zerohop, see the README). The device tool call is:
+# compare and compare-save (before/after a change: they need .before/zerohop,
+# see the README; run them in separate calls, each takes 7-8 minutes). The device tool call is:
 #   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
 # (add ".whl" to carry and "peers" to the steps for the peer loaders; fetch
 # their wheels first with bench/fetch-peer-wheels.sh).
@@ -67,7 +68,7 @@ device() {
     # The VM grows its memory on first touch (~0.6 s per GiB): touch it
     # once, so no timed run pays for that.
     warm_memory() {
-        python3 -c 'import numpy as np; a = np.ones(${ZEROHOP_WARM_GIB:-40} << 30, np.uint8); print("warmed", a.nbytes >> 30, "GiB")'
+        python3 -c "import numpy as np; a = np.ones(${ZEROHOP_WARM_GIB:-40} << 30, np.uint8); print('warmed', a.nbytes >> 30, 'GiB')"
     }
     for step in "$@"; do
         echo "=== $step ($(date -u +%FT%TZ), commit $(cat .stage/commit))"
@@ -153,8 +154,8 @@ device() {
             # Before/after a change, same machine start: the binary in
             # .before/zerohop (built from the commit before it, see the
             # README) against .stage/bin/zerohop, each in turn, the order
-            # swapped in the second round; hot and cold loads of the 8 GiB
-            # model and a 16 GiB checkpoint save to tmpfs and to disk.
+            # swapped in the second round: hot and cold loads of the 8 GiB
+            # model. (About 7 minutes; compare-save is the other half.)
             warm_memory; ensure_hot
             for round in 1 2; do
                 bins=(.before/zerohop .stage/bin/zerohop)
@@ -172,12 +173,18 @@ device() {
                     rm -f $cold
                 done
             done
-            for target in /dev/shm /var/tmp; do
-                for bin in .before/zerohop .stage/bin/zerohop; do
-                    name=$([ "$bin" = .before/zerohop ] && echo before || echo after)
-                    echo "--- $name: 16 GiB checkpoint save to $target" | tee -a "$OUT/compare.txt"
-                    $bin bench checkpoint --size 16GiB --dir $target 2>&1 | grep -vE "^\s*$" | tee -a "$OUT/compare.txt"
-                done
+            ;;
+        compare-save)
+            # The other half: a 16 GiB checkpoint save and restore to tmpfs
+            # (before first) and to disk (after first), each against the raw
+            # write and read rates of its own run. (About 8 minutes.)
+            warm_memory
+            for run in /dev/shm:.before/zerohop /dev/shm:.stage/bin/zerohop \
+                /var/tmp:.stage/bin/zerohop /var/tmp:.before/zerohop; do
+                dir=${run%%:*} bin=${run#*:}
+                echo "--- $bin: 16 GiB checkpoint save to $dir" | tee -a "$OUT/compare-save.txt"
+                $bin bench checkpoint --size 16GiB --dir $dir 2>&1 \
+                    | grep -E "^(limit|save|restore|result|checksum|host)" | tee -a "$OUT/compare-save.txt"
             done
             ;;
         peers)
