@@ -267,6 +267,20 @@ mod tests {
         remove(&path);
     }
 
+    #[test]
+    fn an_append_only_descriptor_is_refused_for_writes() {
+        let path = test_file("append-sink", b"");
+        let client = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let e = SinkFile::from_descriptors(client, None, Path::new("label"), 8192).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("O_APPEND"), "{e}");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "nothing written");
+        remove(&path);
+    }
+
     /// The O_DIRECT twin of a file opened for update is that very file,
     /// write-only like it (where the file system allows O_DIRECT at all).
     #[test]

@@ -55,7 +55,9 @@ impl SinkFile {
     /// Writes through descriptors someone else opened (see
     /// [`SourceFile::from_descriptors`](super::SourceFile::from_descriptors):
     /// non-blocking ones are replaced likewise), extending the file to
-    /// `min_len` if it is shorter.
+    /// `min_len` if it is shorter. A descriptor opened with O_APPEND is
+    /// refused: every write through it would land at the file's end,
+    /// whatever offset it was meant for.
     pub fn from_descriptors(
         buffered: File,
         direct: Option<File>,
@@ -63,6 +65,17 @@ impl SinkFile {
         min_len: u64,
     ) -> Result<Self> {
         let len = regular_file_len(&buffered, label)?;
+        for fd in std::iter::once(&buffered).chain(direct.as_ref()) {
+            let flags = rustix::fs::fcntl_getfl(fd)
+                .map_err(|e| Error::io(label, "cannot read the flags of", e.into()))?;
+            if flags.contains(rustix::fs::OFlags::APPEND) {
+                return Err(Error::invalid(format!(
+                    "{}: opened with O_APPEND, so writes would land at its end instead of \
+                     at their offsets; open it without O_APPEND to write through zerohop",
+                    label.display()
+                )));
+            }
+        }
         let buffered = blocking(buffered, label)?;
         let direct = direct.map(|d| blocking(d, label)).transpose()?;
         let len = extend_to(&buffered, label, len, min_len)?;
