@@ -277,7 +277,11 @@ mod tests {
         let e = SinkFile::from_descriptors(client, None, Path::new("label"), 8192).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::InvalidInput, "{e}");
         assert!(e.to_string().contains("O_APPEND"), "{e}");
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "nothing written");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            0,
+            "nothing written"
+        );
         remove(&path);
     }
 
