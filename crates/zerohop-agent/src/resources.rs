@@ -64,7 +64,7 @@ impl RegisteredFile {
 /// Where a buffer's memory is, which decides the engine and route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Memory {
-    /// A memfd, moved through the host engine (the simulated device, whose
+    /// A memfd, moved through the host engine (the host device, whose
     /// copies write the client's memory through raw pointers only: the
     /// client may touch it at the same time).
     Host,
@@ -78,7 +78,8 @@ pub enum Memory {
 pub struct Buffer {
     pub memory: Memory,
     /// The engine's view of the memory. Declared first: dropped (and, on
-    /// the simulated device, unregistered) before the mapping below.
+    /// a device that registers borrowed memory, unregistered) before the
+    /// mapping below.
     pub data: DeviceBuffer,
     _shared: Option<SharedMemory>,
     _mapping: Option<DeviceMapping>,

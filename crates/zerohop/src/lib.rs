@@ -3,8 +3,8 @@
 //!
 //! A transfer is a list of [`plan::Extent`]s between files and device
 //! memory. The [`Engine`] cuts them into slot-sized windows and runs them
-//! through a pipeline: for loads, storage reads into a fixed pool of pinned
-//! staging slots, async copies to the device, slots recycled on completion
+//! through a pipeline: for loads, storage reads into a fixed pool of staging
+//! slots (pinned on a GPU), async copies to the device, slots recycled on completion
 //! (files already in the page cache can skip the CPU copy: page-cache DMA);
 //! for saves ([`Engine::write`]) the mirror image, then `fsync`.
 #![deny(unsafe_op_in_unsafe_fn)]

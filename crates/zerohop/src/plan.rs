@@ -130,6 +130,19 @@ impl TransferPlan {
         }
     }
 
+    /// Refuses a run over fewer files than the plan names: the plan was
+    /// checked against the files given to [`TransferPlan::add`], and a
+    /// transfer must be given those same files.
+    pub fn check_files(&self, count: usize) -> Result<()> {
+        match self.extents.iter().map(|e| e.file).max() {
+            Some(last) if last >= count => Err(Error::invalid(format!(
+                "the plan names file {last}, but the transfer was given {count} file(s): \
+                 run it with the files it was planned with"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// The buffers the transfer reads or writes (each once).
     pub(crate) fn buffers(&self) -> impl Iterator<Item = &DeviceBuffer> {
         self.buffers.values()
@@ -159,12 +172,6 @@ impl TransferPlan {
 
     pub fn extents(&self) -> &[Extent] {
         &self.extents
-    }
-
-    /// Groups the extents into windows of at most `cap` bytes, aligned to
-    /// `align` (both powers of two, `cap >= align`).
-    pub fn windows(&self, cap: u64, align: u64) -> Vec<Window> {
-        windows(&self.extents, cap, align)
     }
 }
 

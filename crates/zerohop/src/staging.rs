@@ -29,8 +29,8 @@ impl Default for StagingConfig {
 }
 
 impl StagingConfig {
-    /// For engines whose "device" memory is host memory (the simulated
-    /// device serving CPU tensors or an agent's memfds): no large pool is
+    /// For engines whose "device" memory is host memory (the host device
+    /// serving CPU tensors or an agent's memfds): no large pool is
     /// needed, only room for checkpoint chunks (4 MiB, which must divide a
     /// slot).
     pub fn host_memory() -> Self {

@@ -413,6 +413,13 @@ fn plan_rejects_out_of_range_extents() {
             .kind(),
         ErrorKind::Io
     );
+    // A plan run with fewer files than it was planned with.
+    let two = Engine::open_files(&[&path, &path]).unwrap();
+    let mut plan = TransferPlan::new();
+    plan.add(&two, 1, 0, 10, &buf, 0).unwrap();
+    let engine = Engine::new(dev, config(4096, 2, 1, DirectIo::Never, HotRoute::Staged)).unwrap();
+    let e = engine.transfer(&files, &plan, None).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
 }
 
 #[test]

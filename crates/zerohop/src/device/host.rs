@@ -68,8 +68,10 @@ impl Device for HostDevice {
     }
 
     unsafe fn pin_host(&self, _ptr: *const u8, _len: usize) -> Result<Option<Box<dyn HostPin>>> {
-        // Host memory is readable by this device's copies as it is.
-        Ok(Some(Box::new(NothingPinned)))
+        // Nothing to pin for CPU copies, and nothing to offer: a CPU copy
+        // from a file mapping must never run (see `copies_by_dma`), so a
+        // caller that asks anyway falls back to staging.
+        Ok(None)
     }
 
     unsafe fn wait_for_stream(&self, _stream: u64) -> Result<()> {
@@ -202,9 +204,6 @@ impl StagingMemory for HostMemory {
         self.len
     }
 }
-
-struct NothingPinned;
-impl HostPin for NothingPinned {}
 
 /// Copies as they are queued: by the time a fence is recorded, every copy
 /// queued before it has finished.

@@ -6,9 +6,15 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-/// What the names mean, for help texts and errors.
+/// What the names mean, for help texts and errors (`sim` only in builds
+/// with the `testing` feature, the only ones that take it).
+#[cfg(feature = "testing")]
 pub const DEVICE_HELP: &str = "auto (the first GPU, else host memory), cuda (= cuda:0), cuda:N, \
      host or cpu (host memory), or sim (host memory through the simulated device, for tests)";
+/// What the names mean, for help texts and errors.
+#[cfg(not(feature = "testing"))]
+pub const DEVICE_HELP: &str = "auto (the first GPU, else host memory), cuda (= cuda:0), cuda:N, \
+     or host or cpu (host memory)";
 
 /// A device as users name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,7 +70,12 @@ impl DeviceName {
                 Ok((_, gpus)) if gpus > 0 => DeviceName::Cuda(0),
                 Ok(_) => DeviceName::Host,
                 Err(e) if e.kind() == ErrorKind::NoGpu => DeviceName::Host,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    return Err(e.context(
+                        "auto: the CUDA driver failed, so no GPU can be used; \
+                         to use host memory instead, pass --device host (device=\"cpu\" in Python)",
+                    ))
+                }
             },
             name => name,
         })

@@ -32,7 +32,7 @@ use hot_choice::HotChoice;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-/// Moves bytes from files into one device's memory.
+/// Moves bytes between files and one device's memory.
 pub struct Engine {
     device: Arc<dyn Device>,
     pool: Mutex<StagingPool>,

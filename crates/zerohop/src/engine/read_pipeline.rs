@@ -156,12 +156,28 @@ fn run_items(
                 match pinned {
                     Ok(Some(pin)) => {
                         // SAFETY: the pinned range covers every copy's source
-                        // and stays pinned and mapped until the fence passes.
-                        let fence = unsafe {
-                            queue_copies(w.queue.as_ref(), ptr, &win.copies, &mut moved.profile)?
+                        // and stays pinned and mapped until the fence passes
+                        // (or, on an error, until the queue is idle).
+                        let queued = unsafe {
+                            queue_copies(w.queue.as_ref(), ptr, &win.copies, &mut moved.profile)
                         };
-                        pending.push_back((fence, Held::Pin { _pin: pin }));
-                        moved.page_cache_dma += win.payload();
+                        match queued {
+                            Ok(fence) => {
+                                pending.push_back((fence, Held::Pin { _pin: pin }));
+                                moved.page_cache_dma += win.payload();
+                            }
+                            Err(e) => {
+                                // Copies queued before the failure may still
+                                // read the pages: the pin outlives them, and
+                                // is leaked rather than released under them
+                                // where even waiting fails.
+                                match w.queue.record().and_then(|f| f.wait()) {
+                                    Ok(()) => drop(pin),
+                                    Err(_) => std::mem::forget(pin),
+                                }
+                                return Err(e);
+                            }
+                        }
                     }
                     refused => {
                         let why = match refused {

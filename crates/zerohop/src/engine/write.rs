@@ -28,6 +28,7 @@ impl Engine {
     ) -> Result<TransferStats> {
         let started = Instant::now();
         let cpu_before = crate::stats::cpu_seconds();
+        plan.check_files(files.len())?;
         check_disjoint(files, plan)?;
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         plan.check_device(self.device.kind())?;

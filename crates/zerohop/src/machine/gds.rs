@@ -60,8 +60,10 @@ pub fn gds_support() -> GdsSupport {
 fn library_loads(name: &str) -> bool {
     let c = std::ffi::CString::new(name).expect("no NUL");
     // rustix does not wrap the dynamic loader.
-    // SAFETY: loads the library only to see that it exists; the handle is
-    // closed at once and nothing from it is called.
+    // SAFETY: loads the library only to see that it exists, and closes the
+    // handle at once; nothing from it is called by us, but loading runs its
+    // initialisers, which we trust as any linked library (libcufile's and
+    // its dependencies', from the system's library path).
     unsafe {
         let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY);
         if h.is_null() {

@@ -1,4 +1,4 @@
-//! Writing safetensors files from device (or simulated-device) memory,
+//! Writing safetensors files from device (or host) memory,
 //! through the engine's write pipeline, durably and atomically.
 
 use super::header::{serialize_header, Dtype, TensorInfo, MAX_HEADER_BYTES};

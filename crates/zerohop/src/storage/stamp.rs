@@ -1,20 +1,20 @@
 //! Whether a file changed since it was opened, told by its length and its
-//! times as one `fstat` gives them.
+//! modification time as one `fstat` gives them.
 
 use crate::stats::human_bytes;
 use std::fs::File;
 use std::path::Path;
 
-/// What one `fstat` said about a regular file: its length, and the times
-/// that tell whether it changed since (see [`FileStamp::changed_since`]).
+/// What one `fstat` said about a regular file: its length, and the
+/// modification time that tells whether it changed since (see
+/// [`FileStamp::changed_since`]). Not the status change time: a rename over
+/// the file's path (an atomic replace, as zerohop's own saves do), a chmod
+/// or a new hard link changes that while the bytes stay as they were.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FileStamp {
     pub len: u64,
     /// Modification time, (seconds, nanoseconds).
     modified: (i64, i64),
-    /// Status change time: unlike the modification time, no writer can set
-    /// it back, so a rewrite that restores the old mtime still shows.
-    status_changed: (i64, i64),
 }
 
 impl FileStamp {
@@ -31,13 +31,13 @@ impl FileStamp {
         Ok(FileStamp {
             len: meta.len(),
             modified: (meta.mtime(), meta.mtime_nsec()),
-            status_changed: (meta.ctime(), meta.ctime_nsec()),
         })
     }
 
     /// How the file changed from `earlier` to this stamp, in words (`None`
     /// when it looks the same). Best effort: a same-size rewrite within one
-    /// tick of the file system's clock leaves both times as they were.
+    /// tick of the file system's clock, or one whose writer sets the old
+    /// modification time back, leaves no trace here.
     pub(crate) fn changed_since(&self, earlier: &FileStamp) -> Option<String> {
         let (was, now) = (earlier.len, self.len);
         Some(if now < was {
@@ -46,8 +46,6 @@ impl FileStamp {
             format!("grew from {} to {}", human_bytes(was), human_bytes(now))
         } else if self.modified != earlier.modified {
             "was modified".to_string()
-        } else if self.status_changed != earlier.status_changed {
-            "was changed (its contents or attributes)".to_string()
         } else {
             return None;
         })
