@@ -33,10 +33,11 @@ for line in sys.stdin:
         shutil.copy(exe, ".stage/tests/" + m["target"]["name"])
 '
     strip .stage/bin/* .stage/tests/*
-    # maturin from the tests' virtual environment, where scripts/test.sh
-    # installed it.
-    local py=python3
-    [ -x .venv/bin/python ] && py=.venv/bin/python
+    # maturin from the tests' virtual environment (never the system's
+    # Python): scripts/test.sh makes it.
+    local py=.venv/bin/python
+    "$py" -m pip --version > /dev/null 2>&1 \
+        || { echo "no .venv/ with pip: run scripts/test.sh first, which makes it"; exit 2; }
     # The Python package as an abi3 wheel (the GPU machine runs 3.12), with
     # the simulated device (feature `sim`) that its tests use; maturin's
     # --features replaces pyproject.toml's list, so that one is named again.
@@ -156,6 +157,7 @@ device() {
             # README) against .stage/bin/zerohop, each in turn, the order
             # swapped in the second round: hot and cold loads of the 8 GiB
             # model. (About 7 minutes; compare-save is the other half.)
+            [ -x .before/zerohop ] || { echo "build .before/zerohop first (README, GPU runs)"; exit 2; }
             warm_memory; ensure_hot
             for round in 1 2; do
                 bins=(.before/zerohop .stage/bin/zerohop)
@@ -163,13 +165,13 @@ device() {
                 for bin in "${bins[@]}"; do
                     name=$([ "$bin" = .before/zerohop ] && echo before || echo after)
                     echo "--- $name round $round: hot" | tee -a "$OUT/compare.txt"
-                    $bin bench load $HOT --repeat 3 2>&1 | grep -E "^(limit|run|result)" | tee -a "$OUT/compare.txt"
+                    $bin bench load $HOT --repeat 3 2>&1 | grep -E "^(limit|run|result|zerohop: error|warning)" | tee -a "$OUT/compare.txt"
                     # Cold: a fresh copy per binary and round, so no read
                     # finds what an earlier one left in the host's cache.
                     cold=/var/tmp/zerohop-cold-$name-$round.safetensors
                     cp $HOT $cold; sync
                     echo "--- $name round $round: cold" | tee -a "$OUT/compare.txt"
-                    $bin bench load $cold --cold --repeat 2 2>&1 | grep -E "^(limit|run|result|cache)" | tee -a "$OUT/compare.txt"
+                    $bin bench load $cold --cold --repeat 2 2>&1 | grep -E "^(limit|run|result|cold|zerohop: error|warning)" | tee -a "$OUT/compare.txt"
                     rm -f $cold
                 done
             done
@@ -178,13 +180,14 @@ device() {
             # The other half: a 16 GiB checkpoint save and restore to tmpfs
             # (before first) and to disk (after first), each against the raw
             # write and read rates of its own run. (About 8 minutes.)
+            [ -x .before/zerohop ] || { echo "build .before/zerohop first (README, GPU runs)"; exit 2; }
             warm_memory
             for run in /dev/shm:.before/zerohop /dev/shm:.stage/bin/zerohop \
                 /var/tmp:.stage/bin/zerohop /var/tmp:.before/zerohop; do
                 dir=${run%%:*} bin=${run#*:}
                 echo "--- $bin: 16 GiB checkpoint save to $dir" | tee -a "$OUT/compare-save.txt"
                 $bin bench checkpoint --size 16GiB --dir $dir 2>&1 \
-                    | grep -E "^(limit|save|restore|result|checksum|host)" | tee -a "$OUT/compare-save.txt"
+                    | grep -E "^(limit|save|restore|result|checksum|host|zerohop: error|warning)" | tee -a "$OUT/compare-save.txt"
             done
             ;;
         peers)

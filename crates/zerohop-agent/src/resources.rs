@@ -156,7 +156,8 @@ impl Buffer {
         };
         if offset.checked_add(len).is_none_or(|end| end > size as u64) {
             return Err(Error::invalid(format!(
-                "{} at offset {offset} lie outside the {} allocation",
+                "{} ({len} bytes) at offset {offset} lies outside the {} allocation \
+                 ({size} bytes)",
                 human_bytes(len),
                 human_bytes(size as u64)
             )));

@@ -45,13 +45,14 @@ pub fn run(a: &DemoArgs) -> Result<()> {
 
 fn steps(a: &DemoArgs, dir: &Path) -> Result<()> {
     let model = dir.join("demo.safetensors");
+    // One device for every step, so a note about it is printed once; opened
+    // first, so a bad --device fails before a model is written.
+    let engine = a.engine.engine()?;
     println!(
         "== generating a {} transformer-shaped model",
         human_bytes(a.size.0)
     );
     crate::gen::run(&model, a.size.0, 1)?;
-    // One device for every step, so a note about it is printed once.
-    let engine = a.engine.engine()?;
     println!("== loading it with verification");
     let args = LoadArgs {
         files: vec![model.clone()],

@@ -42,8 +42,13 @@ pub fn run(path: Option<&Path>, json: bool) -> Result<()> {
         }
     }
     println!(
-        "staging   {} pinned per device in {} slots of {}; {} I/O threads ({} CPUs)",
+        "staging   {} per device ({}) in {} slots of {}; {} I/O threads ({} CPUs)",
         human_bytes(info.staging.total_bytes as u64),
+        if info.gpus.is_empty() {
+            "host memory, not pinned: no GPU"
+        } else {
+            "pinned on a GPU"
+        },
         info.staging.slot_count(),
         human_bytes(info.staging.slot_bytes as u64),
         info.io_threads,

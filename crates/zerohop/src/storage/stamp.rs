@@ -40,14 +40,50 @@ impl FileStamp {
     /// modification time back, leaves no trace here.
     pub(crate) fn changed_since(&self, earlier: &FileStamp) -> Option<String> {
         let (was, now) = (earlier.len, self.len);
+        // Rounded sizes, unless rounding makes the two look alike.
+        let (a, b) = match (human_bytes(was), human_bytes(now)) {
+            (a, b) if a == b => (format!("{was} bytes"), format!("{now} bytes")),
+            sizes => sizes,
+        };
         Some(if now < was {
-            format!("shrank from {} to {}", human_bytes(was), human_bytes(now))
+            format!("shrank from {a} to {b}")
         } else if now > was {
-            format!("grew from {} to {}", human_bytes(was), human_bytes(now))
+            format!("grew from {a} to {b}")
         } else if self.modified != earlier.modified {
             "was modified".to_string()
         } else {
             return None;
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FileStamp;
+
+    fn stamp(len: u64, modified: i64) -> FileStamp {
+        FileStamp {
+            len,
+            modified: (modified, 0),
+        }
+    }
+
+    #[test]
+    fn changes_are_told_apart_in_words() {
+        let was = stamp(4 << 20, 1);
+        assert_eq!(
+            stamp(2 << 20, 1).changed_since(&was).unwrap(),
+            "shrank from 4 MiB to 2 MiB"
+        );
+        // Sizes that round alike are given exactly.
+        assert_eq!(
+            stamp((4 << 20) - 100, 1).changed_since(&was).unwrap(),
+            "shrank from 4194304 bytes to 4194204 bytes"
+        );
+        assert_eq!(
+            stamp(4 << 20, 2).changed_since(&was).unwrap(),
+            "was modified"
+        );
+        assert_eq!(stamp(4 << 20, 1).changed_since(&was), None);
     }
 }
