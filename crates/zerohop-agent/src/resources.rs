@@ -5,7 +5,7 @@ use crate::engines::{CudaEngine, Engines};
 use std::fs::File;
 use std::path::PathBuf;
 use zerohop::stats::human_bytes;
-use zerohop::storage::{regular_file_len, reopen_direct, SinkFile, SourceFile};
+use zerohop::storage::{blocking, regular_file_len, reopen_direct, SinkFile, SourceFile};
 use zerohop::{DeviceBuffer, Error, Result};
 use zerohop_cuda::{IpcMapping, VmmMapping};
 use zerohop_wire::shm::SharedMemory;
@@ -30,6 +30,9 @@ impl RegisteredFile {
             )));
         }
         regular_file_len(&file, &label)?;
+        // A non-blocking descriptor is replaced once here, not at every
+        // batch that reads or writes it.
+        let file = blocking(file, &label)?;
         Ok(RegisteredFile {
             direct: reopen_direct(&file),
             file,

@@ -85,10 +85,8 @@ impl Device for HostDevice {
         len: usize,
         stream: Option<u64>,
     ) -> Result<DeviceBuffer> {
-        if len > 0 && (addr == 0 || addr.checked_add(len as u64).is_none()) {
-            return Err(Error::invalid(format!(
-                "cannot borrow {len} bytes at {addr:#x}: out of range"
-            )));
+        if len > 0 {
+            super::borrow_end(addr, len)?;
         }
         // SAFETY: forwarded contract of `Device::borrow`: the caller's
         // memory stays allocated and untouched while the buffer is used,

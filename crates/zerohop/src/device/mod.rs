@@ -178,6 +178,18 @@ impl DeviceBuffer {
     }
 }
 
+/// The end of a range of `len` bytes at `addr` offered to `Device::borrow`,
+/// refusing a null start or an end past the address space.
+pub(crate) fn borrow_end(addr: DeviceAddr, len: usize) -> Result<DeviceAddr> {
+    addr.checked_add(len as u64)
+        .filter(|_| addr != 0)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "cannot borrow {len} bytes at {addr:#x}: out of range"
+            ))
+        })
+}
+
 /// Blocks until the work queued on `buffers`' framework streams has
 /// finished, each stream waited for once, so nothing touches memory a
 /// framework's kernels still use. A buffer of another device is an error.

@@ -82,7 +82,7 @@ pub fn reopen_direct(file: &File) -> Option<File> {
 /// io_uring fails a read of a non-blocking file with EAGAIN rather than
 /// wait for storage, and clearing the flag with `fcntl` would change the
 /// description the caller (a client of the agent) shares.
-pub(crate) fn blocking(file: File, label: &Path) -> crate::Result<File> {
+pub fn blocking(file: File, label: &Path) -> crate::Result<File> {
     let flags = rustix::fs::fcntl_getfl(&file)
         .map_err(|e| crate::Error::io(label, "cannot read the flags of", e.into()))?;
     // An O_PATH descriptor is left as it is: it grants no I/O, and `reopen`

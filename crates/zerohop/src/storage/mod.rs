@@ -12,8 +12,8 @@ mod sink;
 mod stamp;
 mod uring;
 
+pub use fds::{blocking, regular_file_len, reopen_direct, FilePair};
 pub(crate) use fds::{open_regular, Access};
-pub use fds::{regular_file_len, reopen_direct, FilePair};
 pub use file::{IoMode, SourceFile};
 pub use mapping::{page_cache_residency, FileMapping};
 pub use psync::PreadBackend;

@@ -275,11 +275,7 @@ impl Device for SimDevice {
             return Ok(unsafe { DeviceBuffer::borrowed(addr, 0, self.kind()) });
         }
         let mut reg = self.registry.lock().unwrap();
-        let Some(end) = addr.checked_add(len as u64).filter(|_| addr != 0) else {
-            return Err(Error::invalid(format!(
-                "cannot borrow {len} bytes at {addr:#x}: out of range"
-            )));
-        };
+        let end = crate::device::borrow_end(addr, len)?;
         let before = reg.ranges.range(..end).next_back();
         if before.is_some_and(|(&s, &(l, _))| s + l.max(1) > addr) {
             return Err(Error::invalid(format!(
