@@ -3,7 +3,7 @@
 //! page-cache DMA window), each with the copies that scatter its bytes to
 //! device memory, and orders the windows into the pipelines' work.
 
-use crate::device::{DeviceAddr, DeviceBuffer, DeviceKind};
+use crate::device::{DeviceAddr, DeviceBuffer};
 use crate::storage::{FilePair, IoMode, DIRECT_ALIGN};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -116,18 +116,6 @@ impl TransferPlan {
             .entry((dst.addr(), dst.len()))
             .or_insert_with(|| dst.clone());
         Ok(())
-    }
-
-    /// Refuses buffers that are not memory of `device`: its copies would
-    /// address another device's memory (on the host device, a crash).
-    pub fn check_device(&self, device: DeviceKind) -> Result<()> {
-        match self.buffers.values().find(|b| b.device() != device) {
-            Some(b) => Err(Error::invalid(format!(
-                "a buffer of {} cannot take part in a transfer on {device}",
-                b.device()
-            ))),
-            None => Ok(()),
-        }
     }
 
     /// Refuses a run over fewer files than the plan names: the plan was

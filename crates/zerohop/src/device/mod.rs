@@ -192,7 +192,9 @@ pub(crate) fn borrow_end(addr: DeviceAddr, len: usize) -> Result<DeviceAddr> {
 
 /// Blocks until the work queued on `buffers`' framework streams has
 /// finished, each stream waited for once, so nothing touches memory a
-/// framework's kernels still use. A buffer of another device is an error.
+/// framework's kernels still use. A buffer of another device is an error
+/// (its copies would address another device's memory: on the host device,
+/// a crash), raised before any copy.
 pub(crate) fn wait_for_buffer_streams<'a>(
     device: &dyn Device,
     buffers: impl IntoIterator<Item = &'a DeviceBuffer>,

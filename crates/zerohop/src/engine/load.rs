@@ -45,7 +45,6 @@ impl Engine {
         let cpu_before = crate::stats::cpu_seconds();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         plan.check_files(files.len())?;
-        plan.check_device(self.device.kind())?;
         plan.check_disjoint_destinations()?;
         wait_for_buffer_streams(self.device.as_ref(), plan.buffers())?;
         let routes: Vec<FileRoute> = files

@@ -31,7 +31,6 @@ impl Engine {
         plan.check_files(files.len())?;
         check_disjoint(files, plan)?;
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        plan.check_device(self.device.kind())?;
         wait_for_buffer_streams(self.device.as_ref(), plan.buffers())?;
         let slot_bytes = pool.config().slot_bytes as u64;
         let windows = interleave_files(windows(plan.extents(), slot_bytes, DIRECT_ALIGN));
