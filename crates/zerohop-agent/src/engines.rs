@@ -7,12 +7,13 @@ use zerohop::device::{open_gpu, CudaDevice, HostDevice};
 use zerohop::staging::StagingConfig;
 use zerohop::{Device, DeviceName, Engine, EngineConfig, HotRoute, Result};
 
-/// Clients own their files and may truncate them at any time: the agent
-/// never maps one (a page gone from a mapping is SIGBUS for the whole
-/// agent), so hot files take the staged route (read() into staging).
+/// Clients own their files and may truncate them at any time: hot files
+/// take the mapped-copy route, whose mappings are guarded (a page a
+/// truncation removed fails that I/O, it does not kill the agent), and
+/// never page-cache DMA, whose probe would cost the first client's I/O.
 fn agent_config() -> EngineConfig {
     EngineConfig {
-        hot_route: HotRoute::Staged,
+        hot_route: HotRoute::Mapped,
         ..EngineConfig::default()
     }
 }

@@ -28,9 +28,14 @@ pub struct EngineArgs {
     /// O_DIRECT: auto (for files not in the page cache), always, never.
     #[arg(long, value_enum, default_value_t = DirectArg::Auto)]
     pub direct: DirectArg,
-    /// Route for hot files: auto, staged (CPU copies), dma (page-cache DMA).
+    /// Route for files in the page cache: auto (mapped, or dma where the
+    /// engine measured it faster), mapped (CPU copies out of the file's
+    /// mapping), staged (read() into the slots), dma (page-cache DMA).
     #[arg(long, value_enum, default_value_t = HotArg::Auto)]
     pub hot_route: HotArg,
+    /// Bytes per copy of the mapped route (at most a slot), e.g. 2MiB.
+    #[arg(long, default_value_t = ByteSize(EngineConfig::default().mapped_window_bytes as u64))]
+    pub mapped_window: ByteSize,
     /// Bytes pinned per page-cache DMA window, e.g. 64MiB.
     #[arg(long, default_value_t = ByteSize(EngineConfig::default().dma_window_bytes as u64))]
     pub dma_window: ByteSize,
@@ -53,6 +58,7 @@ pub enum DirectArg {
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HotArg {
     Auto,
+    Mapped,
     Staged,
     Dma,
 }
@@ -79,10 +85,12 @@ impl EngineArgs {
         };
         c.hot_route = match self.hot_route {
             HotArg::Auto => HotRoute::Auto,
+            HotArg::Mapped => HotRoute::Mapped,
             HotArg::Staged => HotRoute::Staged,
             HotArg::Dma => HotRoute::PageCacheDma,
         };
         c.dma_window_bytes = self.dma_window.bytes();
+        c.mapped_window_bytes = self.mapped_window.bytes();
         c.hot_choice_file = zerohop::hot_choice::default_file();
         c
     }

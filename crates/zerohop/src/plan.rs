@@ -238,17 +238,28 @@ pub fn windows(extents: &[Extent], cap: u64, align: u64) -> Vec<Window> {
     out
 }
 
-/// How one window's bytes reach the device (`staged` and `page-cache DMA`
-/// in stats).
+/// How one window's bytes reach the device (`staged`, `mapped` and
+/// `page-cache DMA` in stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Route {
     /// Read into a staging slot (buffered or O_DIRECT), then copied.
     Staged(IoMode),
+    /// Copied by the CPU out of the file's (guarded) mapping into a staging
+    /// slot, then copied: no system call per window, and no kernel copy.
+    MappedCopy,
     /// Copied by the device straight from the file's pinned page-cache pages.
     PageCacheDma,
 }
 
-/// Buffered reads into staging slots: the route for hot files until measured.
+impl Route {
+    /// Whether the route reads the file through a mapping.
+    pub(crate) fn maps_file(self) -> bool {
+        matches!(self, Route::MappedCopy | Route::PageCacheDma)
+    }
+}
+
+/// Buffered reads into staging slots: the route for hot files that cannot
+/// be mapped.
 pub(crate) const STAGED: Route = Route::Staged(IoMode::Buffered);
 
 /// A unit of work for a read pipeline worker: a window and its route.
@@ -257,31 +268,40 @@ pub(crate) struct WorkItem {
     pub route: Route,
 }
 
+/// The largest window of each route.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WindowCaps {
+    /// Staged reads: one staging slot.
+    pub slot: u64,
+    /// Mapped copies: at most a slot; smaller ones stay in the CPU's cache
+    /// between the copy into the slot and the device's read of it.
+    pub mapped: u64,
+    /// Page-cache DMA: the pages pinned at once.
+    pub dma: u64,
+}
+
 /// The windows of a load, each file's extents cut for its route
-/// (`routes[file]`): staged windows fit a slot of `slot_bytes`, page-cache
-/// DMA windows `dma_window_bytes` of whole pages. In file order.
-pub(crate) fn work_items(
-    extents: &[Extent],
-    routes: &[Route],
-    slot_bytes: u64,
-    dma_window_bytes: u64,
-) -> Vec<WorkItem> {
+/// (`routes[file]`) to its cap in `caps`; staged windows aligned for
+/// O_DIRECT, the others to whole pages. In file order.
+pub(crate) fn work_items(extents: &[Extent], routes: &[Route], caps: WindowCaps) -> Vec<WorkItem> {
     let page = rustix::param::page_size() as u64;
-    let dma_cap = dma_window_bytes.max(page);
-    let (dma, staged): (Vec<Extent>, Vec<Extent>) = extents
-        .iter()
-        .partition(|e| routes[e.file] == Route::PageCacheDma);
-    let mut items: Vec<WorkItem> = windows(&staged, slot_bytes, DIRECT_ALIGN)
-        .into_iter()
-        .map(|w| WorkItem {
+    let mut items = Vec::new();
+    for route in [STAGED, Route::MappedCopy, Route::PageCacheDma] {
+        let (cap, align) = match route {
+            Route::Staged(_) => (caps.slot, DIRECT_ALIGN),
+            Route::MappedCopy => (caps.mapped.min(caps.slot).max(page), page),
+            Route::PageCacheDma => (caps.dma.max(page), page),
+        };
+        let mine: Vec<Extent> = extents
+            .iter()
+            .filter(|e| std::mem::discriminant(&routes[e.file]) == std::mem::discriminant(&route))
+            .copied()
+            .collect();
+        items.extend(windows(&mine, cap, align).into_iter().map(|w| WorkItem {
             route: routes[w.file],
             window: w,
-        })
-        .collect();
-    items.extend(windows(&dma, dma_cap, page).into_iter().map(|w| WorkItem {
-        route: Route::PageCacheDma,
-        window: w,
-    }));
+        }));
+    }
     items.sort_by_key(|i| (i.window.file, i.window.start));
     items
 }

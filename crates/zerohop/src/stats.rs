@@ -36,6 +36,9 @@ pub struct TransferStats {
     /// Saves: seconds spent making files and directories durable (fsync),
     /// included in `seconds`.
     pub sync_seconds: f64,
+    /// Bytes the CPU copied out of file mappings (of page-cache pages) into
+    /// staging slots.
+    pub mapped_bytes: u64,
     /// Bytes the GPU copied straight from registered page-cache pages.
     pub page_cache_dma_bytes: u64,
     /// Host staging memory held during the transfer.
@@ -149,6 +152,12 @@ impl TransferStats {
             parts.push(format!(
                 "staged ({} buffered -> {})",
                 self.backend,
+                self.staging_words(false)
+            ));
+        }
+        if self.mapped_bytes > 0 {
+            parts.push(format!(
+                "mapped (mmap -> CPU copy -> {})",
                 self.staging_words(false)
             ));
         }

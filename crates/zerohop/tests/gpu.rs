@@ -49,6 +49,7 @@ fn every_route_delivers_exact_bytes() {
         for (direct, hot) in [
             (DirectIo::Always, HotRoute::Staged),
             (DirectIo::Never, HotRoute::Staged),
+            (DirectIo::Never, HotRoute::Mapped),
             (DirectIo::Never, HotRoute::PageCacheDma),
         ] {
             let (bufs, stats) = engine(&dev, direct, hot)

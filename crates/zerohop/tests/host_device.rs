@@ -42,6 +42,7 @@ fn loads_on_every_route_and_saves_land_exactly() {
     for (direct, hot) in [
         (DirectIo::Always, HotRoute::Staged),
         (DirectIo::Never, HotRoute::Staged),
+        (DirectIo::Never, HotRoute::Mapped),
         (DirectIo::Never, HotRoute::PageCacheDma),
     ] {
         let e = engine(direct, hot);

@@ -113,6 +113,7 @@ fn scattered_extents_arrive_exactly() {
         for (direct, hot) in [
             (DirectIo::Always, HotRoute::Staged),
             (DirectIo::Never, HotRoute::Staged),
+            (DirectIo::Never, HotRoute::Mapped),
             (DirectIo::Never, HotRoute::PageCacheDma),
         ] {
             for (slot, slots, threads) in [(4096, 2, 1), (8192, 6, 3), (65536, 8, 4)] {
@@ -146,7 +147,10 @@ fn scattered_extents_arrive_exactly() {
                 let stats = engine.transfer(&files, &plan, None).unwrap();
                 assert_eq!(stats.bytes, cursor.iter().sum::<u64>());
                 assert_eq!(
-                    stats.direct_bytes + stats.buffered_bytes + stats.page_cache_dma_bytes,
+                    stats.direct_bytes
+                        + stats.buffered_bytes
+                        + stats.mapped_bytes
+                        + stats.page_cache_dma_bytes,
                     stats.bytes
                 );
                 for b in 0..2 {
@@ -156,8 +160,10 @@ fn scattered_extents_arrive_exactly() {
                         backend.name()
                     );
                 }
-                if hot == HotRoute::PageCacheDma {
-                    assert_eq!(stats.page_cache_dma_bytes, stats.bytes);
+                match hot {
+                    HotRoute::PageCacheDma => assert_eq!(stats.page_cache_dma_bytes, stats.bytes),
+                    HotRoute::Mapped => assert_eq!(stats.mapped_bytes, stats.bytes),
+                    _ => {}
                 }
             }
         }
@@ -481,14 +487,20 @@ fn files_read_into_caller_host_memory() {
     }
 }
 
-/// A file truncated to half its size during a load, on either hot route: a
+/// A file truncated to half its size during a load, on every hot route
+/// (the mapped one copies with the CPU out of the shrinking mapping): a
 /// clear error that says how the file changed, never a crash.
 #[test]
 fn a_file_truncated_during_a_load_is_a_clear_error() {
     let dir = TestDir::new("truncate");
-    for hot in [HotRoute::Staged, HotRoute::PageCacheDma] {
+    for hot in [HotRoute::Staged, HotRoute::Mapped, HotRoute::PageCacheDma] {
         let path = write(&dir.path("t"), &pattern(4 << 20, 17));
-        let engine = Engine::new(sim(50), config(8192, 4, 2, DirectIo::Never, hot)).unwrap();
+        let dev = if hot == HotRoute::PageCacheDma {
+            sim_dma(50)
+        } else {
+            sim(50)
+        };
+        let engine = Engine::new(dev, config(8192, 4, 2, DirectIo::Never, hot)).unwrap();
         let once = std::sync::Once::new();
         let truncate = |_: u64| {
             once.call_once(|| {
@@ -631,7 +643,7 @@ fn a_fifo_is_refused_without_blocking() {
 }
 
 /// A device whose copies are CPU copies never reads file mappings: asked for
-/// page-cache DMA, it stages, and the transfer says why.
+/// page-cache DMA, it takes the mapped-copy route, and the transfer says why.
 #[test]
 fn page_cache_dma_needs_a_device_that_copies_by_dma() {
     let dir = TestDir::new("no-dma");
@@ -641,7 +653,7 @@ fn page_cache_dma_needs_a_device_that_copies_by_dma() {
     let c = config(8192, 4, 2, DirectIo::Never, HotRoute::PageCacheDma);
     let stats = load_exact(&Engine::new(dev, c).unwrap(), &path, &data);
     assert_eq!(
-        (stats.page_cache_dma_bytes, stats.buffered_bytes),
+        (stats.page_cache_dma_bytes, stats.mapped_bytes),
         (0, data.len() as u64)
     );
     assert!(
@@ -666,7 +678,7 @@ fn auto_measures_both_hot_routes_then_keeps_the_faster() {
         first.notes
     );
     assert!(
-        first.buffered_bytes >= 256 << 10 && first.page_cache_dma_bytes >= 256 << 10,
+        first.mapped_bytes >= 256 << 10 && first.page_cache_dma_bytes >= 256 << 10,
         "{first:?}"
     );
     let second = load_exact(&engine, &path, &data);
@@ -676,7 +688,7 @@ fn auto_measures_both_hot_routes_then_keeps_the_faster() {
         second.notes
     );
     assert!(
-        second.buffered_bytes == 0 || second.page_cache_dma_bytes == 0,
+        second.mapped_bytes == 0 || second.page_cache_dma_bytes == 0,
         "one route after the choice"
     );
 }

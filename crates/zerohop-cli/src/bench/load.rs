@@ -171,6 +171,7 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
     if a.compare_routes && !a.cold {
         routes = vec![
             (HotArg::Auto, "auto"),
+            (HotArg::Mapped, "mapped"),
             (HotArg::Staged, "staged"),
             (HotArg::Dma, "page-cache dma"),
         ];

@@ -2,7 +2,7 @@
 //! when it is given a file for it, across processes (so a fresh process does
 //! not pay for measuring again).
 
-use super::route::{Route, STAGED};
+use super::route::Route;
 use crate::storage::atomic;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,16 +11,16 @@ use std::sync::{Mutex, PoisonError};
 /// What the engine measured for each hot route.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HotChoice {
-    pub staged_gbps: f64,
+    pub mapped_gbps: f64,
     pub dma_gbps: f64,
 }
 
 impl HotChoice {
     pub(crate) fn route(&self) -> Route {
-        if self.dma_gbps > self.staged_gbps {
+        if self.dma_gbps > self.mapped_gbps {
             Route::PageCacheDma
         } else {
-            STAGED
+            Route::MappedCopy
         }
     }
 
@@ -28,11 +28,11 @@ impl HotChoice {
         let chose = if self.route() == Route::PageCacheDma {
             "page-cache DMA"
         } else {
-            "staged"
+            "mapped copies"
         };
         format!(
-            "staged {:.1} GB/s, page-cache DMA {:.1} GB/s; chose {chose}",
-            self.staged_gbps, self.dma_gbps
+            "mapped copies {:.1} GB/s, page-cache DMA {:.1} GB/s; chose {chose}",
+            self.mapped_gbps, self.dma_gbps
         )
     }
 }
@@ -97,11 +97,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("zerohop-hot-choice-{}", std::process::id()));
         let file = dir.join("sub").join("hot-route.json");
         let a = HotChoice {
-            staged_gbps: 30.0,
+            mapped_gbps: 30.0,
             dma_gbps: 10.0,
         };
         let b = HotChoice {
-            staged_gbps: 12.0,
+            mapped_gbps: 12.0,
             dma_gbps: 28.0,
         };
         assert_eq!(load(&file, "gpu a"), None);
@@ -112,7 +112,7 @@ mod tests {
             load(&file, "gpu b").map(|c| c.route()),
             Some(Route::PageCacheDma)
         );
-        assert_eq!(a.route(), STAGED);
+        assert_eq!(a.route(), Route::MappedCopy);
         std::fs::write(&file, "not json").unwrap();
         assert_eq!(load(&file, "gpu a"), None, "a corrupt cache is ignored");
         let _ = std::fs::remove_dir_all(&dir);
@@ -124,7 +124,7 @@ mod tests {
             std::env::temp_dir().join(format!("zerohop-hot-choice-many-{}", std::process::id()));
         let file = dir.join("hot-route.json");
         let choice = HotChoice {
-            staged_gbps: 20.0,
+            mapped_gbps: 20.0,
             dma_gbps: 25.0,
         };
         std::thread::scope(|s| {

@@ -2,10 +2,10 @@
 //! its route, the hot route measured first where it is still unknown.
 
 use super::read_pipeline::{self, Job, Moved, ReadCheck, Worker};
-use super::route::{FileRoute, Route, NO_DMA_NOTE, STAGED};
+use super::route::{FileRoute, Route, NO_DMA_NOTE};
 use super::{page_cache_dma, Engine, HotRoute, Progress};
 use crate::device::wait_for_buffer_streams;
-use crate::plan::{work_items, Extent, TransferPlan};
+use crate::plan::{work_items, Extent, TransferPlan, WindowCaps};
 use crate::staging::StagingPool;
 use crate::stats::TransferStats;
 use crate::storage::SourceFile;
@@ -50,8 +50,12 @@ impl Engine {
         let routes: Vec<FileRoute> = files
             .iter()
             .map(|f| match self.route_for(f) {
-                r @ FileRoute::Fixed(Route::Staged(_)) => r,
-                _ if check.is_some() => FileRoute::Fixed(STAGED),
+                // A check must see the bytes in a staging slot.
+                FileRoute::Fixed(Route::PageCacheDma) | FileRoute::MeasuredHot
+                    if check.is_some() =>
+                {
+                    FileRoute::Fixed(Route::MappedCopy)
+                }
                 r => r,
             })
             .collect();
@@ -79,6 +83,7 @@ impl Engine {
             backend: self.backend.name().to_string(),
             direct_bytes: done.moved.direct,
             buffered_bytes: done.moved.buffered,
+            mapped_bytes: done.moved.mapped,
             page_cache_dma_bytes: done.moved.page_cache_dma,
             staging_bytes: pool.bytes(),
             pinned_staging: self.device.pins_staging(),
@@ -90,7 +95,10 @@ impl Engine {
             ..Default::default()
         };
         debug_assert_eq!(
-            stats.direct_bytes + stats.buffered_bytes + stats.page_cache_dma_bytes,
+            stats.direct_bytes
+                + stats.buffered_bytes
+                + stats.mapped_bytes
+                + stats.page_cache_dma_bytes,
             plan.bytes()
         );
         stats.finish(started, cpu_before);
@@ -109,12 +117,12 @@ impl Engine {
     ) -> Result<Phase> {
         let mut routes: Vec<Route> = (0..files.len()).map(route_of).collect();
         let (maps, mut notes) = page_cache_dma::map_files(files, extents, &mut routes);
-        let items = work_items(
-            extents,
-            &routes,
-            pool.config().slot_bytes as u64,
-            self.config.dma_window_bytes as u64,
-        );
+        let caps = WindowCaps {
+            slot: pool.config().slot_bytes as u64,
+            mapped: self.config.mapped_window_bytes as u64,
+            dma: self.config.dma_window_bytes as u64,
+        };
+        let items = work_items(extents, &routes, caps);
         let windows = items.len();
         let shares = pool.worker_shares(self.config.io_threads.min(windows));
         let threads = shares.len();

@@ -1,8 +1,8 @@
 //! The engine: one per device. It owns the staging pool and the read and
 //! write backends. Its rooms: `route` chooses each file's route (and
 //! measures the hot route, remembered in `hot_choice`); `load` runs loads
-//! through `read_pipeline`, whose page-cache DMA windows `page_cache_dma`
-//! maps; `write` runs saves through `write_pipeline`; `workers` is what the
+//! through `read_pipeline`, for which `page_cache_dma` maps the files of
+//! the mapped-copy and page-cache DMA routes; `write` runs saves through `write_pipeline`; `workers` is what the
 //! two pipelines share; `config` the settings.
 
 mod config;
@@ -66,14 +66,16 @@ impl Engine {
         if config.io_threads == 0 {
             return Err(Error::invalid("io_threads must be at least 1"));
         }
-        if config.dma_window_bytes == 0
-            || !config
-                .dma_window_bytes
-                .is_multiple_of(rustix::param::page_size())
-        {
-            return Err(Error::invalid(
-                "dma_window_bytes must be a positive multiple of the page size",
-            ));
+        let page = rustix::param::page_size();
+        for (name, bytes) in [
+            ("dma_window_bytes", config.dma_window_bytes),
+            ("mapped_window_bytes", config.mapped_window_bytes),
+        ] {
+            if bytes == 0 || !bytes.is_multiple_of(page) {
+                return Err(Error::invalid(format!(
+                    "{name} must be a positive multiple of the page size ({page})"
+                )));
+            }
         }
         let pool = StagingPool::new(device.as_ref(), config.staging)?;
         let hot_choice_key = hot_choice::key(&device.describe());

@@ -6,19 +6,23 @@
 //! on the reference machine it ran at ~13 GB/s against ~9 GB/s for one
 //! whole-file registration (2026-11-30, bench/results). Only devices that
 //! copy by DMA take this route (see `Device::copies_by_dma`).
+//!
+//! The files of the mapped-copy route are mapped here too: the same
+//! mapping, which the CPU copies out of instead (guarded: see
+//! `GuardedMapping`).
 
 use super::route::{Route, STAGED};
 use crate::plan::Extent;
-use crate::storage::{FileMapping, IoMode, SourceFile};
+use crate::storage::{GuardedMapping, IoMode, SourceFile};
 
-/// Maps every file whose route is page-cache DMA and that `extents` read.
-/// A file that cannot be mapped takes the staged route instead, and a note
-/// says so.
+/// Maps every file whose route reads a mapping (mapped copies, page-cache
+/// DMA) and that `extents` read. A file that cannot be mapped takes the
+/// staged route instead, and a note says so.
 pub(super) fn map_files(
     files: &[SourceFile],
     extents: &[Extent],
     routes: &mut [Route],
-) -> (Vec<Option<FileMapping>>, Vec<String>) {
+) -> (Vec<Option<GuardedMapping>>, Vec<String>) {
     let mut used = vec![false; files.len()];
     for e in extents {
         used[e.file] = true;
@@ -29,13 +33,13 @@ pub(super) fn map_files(
         .zip(routes.iter_mut())
         .zip(used)
         .map(|((f, r), used)| {
-            if *r != Route::PageCacheDma || f.is_empty() || !used {
+            if !r.maps_file() || f.is_empty() || !used {
                 return None;
             }
-            FileMapping::new(f.fd_for(IoMode::Buffered), f.len())
+            GuardedMapping::new(f.fd_for(IoMode::Buffered), f.len())
                 .map_err(|e| {
                     notes.push(format!(
-                        "{}: page-cache DMA unavailable (cannot mmap: {e}); staged instead",
+                        "{}: cannot map the file ({e}); read into staging slots instead",
                         f.path().display()
                     ));
                     *r = STAGED;

@@ -1,5 +1,6 @@
 //! The read pipeline. Each I/O worker owns a share of the staging slots, a
-//! copy queue and a reader. For a staged window it reads into a free slot and
+//! copy queue and a reader. For a staged window it reads into a free slot
+//! (for a mapped-copy window it copies out of the file's mapping instead) and
 //! queues the slot's copies at once; the slot is reused only after the fence
 //! recorded behind those copies has passed, so reads and copies overlap. For
 //! a page-cache DMA window it pins the window's pages of the file's mapping
@@ -13,7 +14,7 @@ use super::workers::{assert_fits, run_workers, Progress};
 use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
 use crate::plan::{Extent, Window, WindowCopy, WorkItem};
 use crate::stats::WorkerProfile;
-use crate::storage::{BlockReader, FileMapping, IoMode, SourceFile};
+use crate::storage::{BlockReader, GuardedMapping, IoMode, SourceFile};
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -25,6 +26,7 @@ use std::time::Instant;
 pub(super) struct Moved {
     pub direct: u64,
     pub buffered: u64,
+    pub mapped: u64,
     pub page_cache_dma: u64,
     pub profile: WorkerProfile,
 }
@@ -33,6 +35,7 @@ impl Moved {
     pub fn add(&mut self, o: Moved) {
         self.direct += o.direct;
         self.buffered += o.buffered;
+        self.mapped += o.mapped;
         self.page_cache_dma += o.page_cache_dma;
         self.profile.add(o.profile);
     }
@@ -49,8 +52,9 @@ const MAX_DMA_IN_FLIGHT: usize = 2;
 pub(super) struct Job<'a> {
     pub device: &'a dyn Device,
     pub files: &'a [SourceFile],
-    /// Read-only mappings of the files that take the DMA route.
-    pub maps: &'a [Option<FileMapping>],
+    /// Read-only mappings of the files that take the mapped-copy or the
+    /// page-cache DMA route.
+    pub maps: &'a [Option<GuardedMapping>],
     pub items: Vec<WorkItem>,
     pub check: Option<ReadCheck<'a>>,
     pub progress: Option<Progress<'a>>,
@@ -131,7 +135,8 @@ fn run_items(
         let Some(item) = job.items.get(i) else { break };
         let win = &item.window;
         match item.route {
-            Route::Staged(mode) => stage(w, free, pending, moved, job, mode, win)?,
+            Route::Staged(mode) => stage(w, free, pending, moved, job, Fill::Read(mode), win)?,
+            Route::MappedCopy => stage(w, free, pending, moved, job, Fill::Mapped, win)?,
             Route::PageCacheDma => {
                 while pending
                     .iter()
@@ -200,7 +205,8 @@ fn run_items(
                         for sub in
                             crate::plan::windows(&extents, slot_len, crate::storage::DIRECT_ALIGN)
                         {
-                            stage(w, free, pending, moved, job, IoMode::Buffered, &sub)?;
+                            let fill = Fill::Read(IoMode::Buffered);
+                            stage(w, free, pending, moved, job, fill, &sub)?;
                         }
                     }
                 }
@@ -230,14 +236,23 @@ fn wait_oldest(
     Ok(())
 }
 
-/// Reads `win` into a free slot and queues its copies.
+/// How a staging slot is filled.
+#[derive(Debug, Clone, Copy)]
+enum Fill {
+    /// A read (buffered or O_DIRECT) from the file.
+    Read(IoMode),
+    /// A CPU copy out of the file's mapping.
+    Mapped,
+}
+
+/// Fills a free slot with `win` and queues its copies.
 fn stage(
     w: &mut Worker<'_>,
     free: &mut Vec<usize>,
     pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
     moved: &mut Moved,
     job: &Job<'_>,
-    mode: IoMode,
+    fill: Fill,
     win: &Window,
 ) -> Result<()> {
     let file = &job.files[win.file];
@@ -246,7 +261,10 @@ fn stage(
     }
     let slot = free.pop().expect("a slot is free");
     let t = Instant::now();
-    let read = read_window(w, slot, file, mode, win);
+    let read = match fill {
+        Fill::Read(mode) => read_window(w, slot, file, mode, win).map(Some),
+        Fill::Mapped => copy_window(w, slot, job, win).map(|()| None),
+    };
     moved.profile.io_seconds += t.elapsed().as_secs_f64();
     let read = read.and_then(|used| {
         if let Some(check) = job.check {
@@ -275,10 +293,37 @@ fn stage(
     let fence = unsafe { queue_copies(w.queue.as_ref(), base, &win.copies, &mut moved.profile)? };
     pending.push_back((fence, Held::Slot(slot)));
     match used {
-        IoMode::Direct => moved.direct += win.payload(),
-        IoMode::Buffered => moved.buffered += win.payload(),
+        Some(IoMode::Direct) => moved.direct += win.payload(),
+        Some(IoMode::Buffered) => moved.buffered += win.payload(),
+        None => moved.mapped += win.payload(),
     }
     Ok(())
+}
+
+/// Copies the bytes `win` needs out of its file's mapping into `slot`.
+fn copy_window(w: &mut Worker<'_>, slot: usize, job: &Job<'_>, win: &Window) -> Result<()> {
+    let staging = &mut w.slots[slot];
+    assert_fits(win, staging.as_ref());
+    let file = &job.files[win.file];
+    let map = job.maps[win.file]
+        .as_ref()
+        .expect("mapped-copy files are mapped");
+    // SAFETY: this worker owns the slot exclusively and no copy reads it now
+    // (its last fence has passed), so a unique mutable view is sound.
+    let buf = unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr(), win.needed as usize) };
+    map.copy_to(win.start, buf).map_err(|e| {
+        // Say how the file changed, where the stamp shows it.
+        file.check_unchanged().err().unwrap_or_else(|| {
+            Error::io(
+                file.path(),
+                &format!(
+                    "copy of {} bytes at offset {} out of the mapping failed in",
+                    win.needed, win.start
+                ),
+                e,
+            )
+        })
+    })
 }
 
 /// Reads `win` into `slot`, falling back to buffered I/O when the file system

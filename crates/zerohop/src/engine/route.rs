@@ -15,14 +15,17 @@ use crate::Result;
 use std::time::Instant;
 
 /// Which route hot files (already in the page cache) take. Page-cache DMA
-/// runs only on devices that copy by DMA (GPUs); on host memory hot files
-/// are staged whatever this says, and with `PageCacheDma` a note says so.
+/// runs only on devices that copy by DMA (GPUs); elsewhere hot files take
+/// the mapped-copy route, and with `PageCacheDma` a note says so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HotRoute {
-    /// Whichever of the two the engine measures faster on this machine.
+    /// Mapped copies, or page-cache DMA where the engine measures that
+    /// faster on this machine (devices that copy by DMA only).
     Auto,
-    /// CPU copies from the page cache into staging slots.
+    /// The CPU copies out of the file's mapping into staging slots.
+    Mapped,
+    /// `read()` into staging slots (the kernel copies out of the page cache).
     Staged,
     /// The GPU copies from the registered page-cache pages.
     PageCacheDma,
@@ -40,11 +43,12 @@ pub(super) enum FileRoute {
 /// that copies with the CPU.
 pub(super) const NO_DMA_NOTE: &str = "page-cache DMA needs a device that copies by DMA (a GPU); \
      this one copies with the CPU, which a file truncated during the load would crash, \
-     so the files were staged";
+     so the files took the mapped-copy route";
 
 impl Engine {
-    /// The route for a file: `MeasuredHot` for files in the page cache (per
-    /// `hot_route`), else staged reads, O_DIRECT per `direct_io`.
+    /// The route for a file: for files in the page cache, per `hot_route`
+    /// (`MeasuredHot` where it is to be measured); else staged reads,
+    /// O_DIRECT per `direct_io`. Page-cache DMA is forced on every file.
     pub(super) fn route_for(&self, f: &SourceFile) -> FileRoute {
         let hot = self.is_hot(f);
         match self.config.hot_route {
@@ -52,6 +56,9 @@ impl Engine {
                 return FileRoute::Fixed(Route::PageCacheDma)
             }
             HotRoute::Auto if hot && self.dma_copies => return FileRoute::MeasuredHot,
+            HotRoute::Auto | HotRoute::Mapped | HotRoute::PageCacheDma if hot => {
+                return FileRoute::Fixed(Route::MappedCopy)
+            }
             _ => {}
         }
         let direct = f.direct_capable() && self.reads_direct(|| hot);
@@ -80,9 +87,9 @@ impl Engine {
 
     /// The route for hot files, and the hot extents still to move. With
     /// `HotRoute::Auto` and no earlier measurement, the first transfer with
-    /// enough hot bytes moves a probe's worth by each route (staged, then
-    /// page-cache DMA), timing both; the faster takes the rest, and later
-    /// transfers (and processes, with `hot_choice_file`).
+    /// enough hot bytes moves a probe's worth by each route (mapped copies,
+    /// then page-cache DMA), timing both; the faster takes the rest, and
+    /// later transfers (and processes, with `hot_choice_file`).
     pub(super) fn choose_hot_route(
         &self,
         files: &[SourceFile],
@@ -92,7 +99,7 @@ impl Engine {
         done: &mut Phase,
     ) -> Result<(Route, Vec<Extent>)> {
         if hot.is_empty() {
-            return Ok((STAGED, hot));
+            return Ok((Route::MappedCopy, hot));
         }
         if let Some(choice) = *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) {
             let kept = self
@@ -108,9 +115,9 @@ impl Engine {
         }
         let probe = self.config.hot_probe_bytes;
         if hot.iter().map(|e| e.len).sum::<u64>() < 4 * probe {
-            // Too little to measure: the staged route, which pins no
+            // Too little to measure: mapped copies, which pin no
             // page-cache pages and won on the reference machine.
-            return Ok((STAGED, hot));
+            return Ok((Route::MappedCopy, hot));
         }
         let (a, rest) = split_extents(&hot, probe);
         let (b, rest) = split_extents(&rest, probe);
@@ -120,7 +127,7 @@ impl Engine {
             Ok(probe as f64 / t.elapsed().as_secs_f64() / 1e9)
         };
         let choice = HotChoice {
-            staged_gbps: timed(a, STAGED)?,
+            mapped_gbps: timed(a, Route::MappedCopy)?,
             dma_gbps: timed(b, Route::PageCacheDma)?,
         };
         done.notes.push(format!(

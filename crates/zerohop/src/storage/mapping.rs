@@ -1,16 +1,19 @@
 //! Read-only shared mappings of whole files: what the page-cache DMA route
-//! pins, and how page-cache residency is asked (`mincore`).
+//! pins and the mapped-copy route copies out of, and how page-cache
+//! residency is asked (`mincore`).
 
 use rustix::mm::{MapFlags, ProtFlags};
 use std::ffi::c_void;
 use std::fs::File;
 use std::io;
 
+use super::bus_guard::BusGuard;
+
 /// A read-only shared mapping of a whole file; unmapped on drop. Its bytes
 /// are only ever read by a device's DMA or asked about with `mincore`,
 /// never by the CPU (but for the simulated device told to claim DMA, in
 /// tests where no file changes): a file truncated while mapped would fault
-/// a CPU read (SIGBUS).
+/// a CPU read (SIGBUS). [`GuardedMapping`] is the one the CPU may read.
 #[derive(Debug)]
 pub struct FileMapping {
     ptr: *mut c_void,
@@ -81,6 +84,62 @@ impl Drop for FileMapping {
         // dropped (pins live only inside a transfer), and no reference into
         // it exists.
         let _ = unsafe { rustix::mm::munmap(self.ptr, self.len) };
+    }
+}
+
+/// A file mapping whose bus errors are absorbed (see `bus_guard`): the CPU
+/// may copy out of it, and a copy that met pages a truncation removed
+/// fails instead of killing the process.
+#[derive(Debug)]
+pub struct GuardedMapping {
+    // Declared first: dropped (unguarded) before the pages are unmapped.
+    guard: BusGuard,
+    map: FileMapping,
+}
+
+impl GuardedMapping {
+    /// Maps the first `len` bytes of `file` (its length; not 0) read-only.
+    pub fn new(file: &File, len: u64) -> io::Result<Self> {
+        let map = FileMapping::new(file, len)?;
+        let guard = BusGuard::new(
+            map.ptr.cast(),
+            map.len.div_ceil(rustix::param::page_size()) * rustix::param::page_size(),
+        )?;
+        Ok(GuardedMapping { guard, map })
+    }
+
+    /// As [`FileMapping::range`].
+    pub fn range(&self, start: u64, len: u64) -> (*const u8, usize) {
+        self.map.range(start, len)
+    }
+
+    /// Copies `dst.len()` bytes from `offset` of the mapped file into `dst`.
+    /// Fails, saying so, if any of them was gone: the file was truncated
+    /// while mapped (the bytes in `dst` are then not the file's).
+    ///
+    /// Another process may write the file meanwhile, as it may during a
+    /// `read()`: the bytes are copied as they are, and the load's check of
+    /// the file's modification time reports such a change.
+    pub fn copy_to(&self, offset: u64, dst: &mut [u8]) -> io::Result<()> {
+        let (src, len) = self.map.range(offset, dst.len() as u64);
+        if len < dst.len() || offset + dst.len() as u64 > self.map.len as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end of the mapped file",
+            ));
+        }
+        // SAFETY: `src .. src + len` lies inside the live, guarded mapping
+        // (checked above), whose pages stay mapped (a truncated page is
+        // replaced by zeros, not unmapped) while `self` lives; `dst` is a
+        // distinct, exclusively borrowed buffer of the same length.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), len) };
+        if self.guard.faulted() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the file was truncated while it was being read",
+            ));
+        }
+        Ok(())
     }
 }
 

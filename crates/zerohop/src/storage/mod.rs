@@ -4,6 +4,7 @@
 //! `zerohop::testing`.
 
 pub mod atomic;
+mod bus_guard;
 mod fds;
 mod file;
 mod mapping;
@@ -15,7 +16,7 @@ mod uring;
 pub use fds::{blocking, regular_file_len, reopen_direct, FilePair};
 pub(crate) use fds::{open_regular, Access};
 pub use file::{IoMode, SourceFile};
-pub use mapping::{page_cache_residency, FileMapping};
+pub use mapping::{page_cache_residency, FileMapping, GuardedMapping};
 pub use psync::PreadBackend;
 pub use sink::{sync_dir, write_mode, PwriteBackend, SinkFile, WriteBackend};
 pub use uring::UringBackend;
