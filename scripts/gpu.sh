@@ -5,7 +5,7 @@
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
-# Steps: info, tests, python, hot, cold, sweep, peers, checkpoint, save, agent,
+# Steps: info, tests, python, hot, cold, sweep, phases, peers, checkpoint, save, agent,
 # compare and compare-save (before/after a change: they need .before/zerohop,
 # see the README; run them in separate calls, each takes 7-8 minutes). The device tool call is:
 #   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
@@ -114,6 +114,13 @@ device() {
                 r=$(zerohop load $HOT --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); p=s["profile"]; w=p["worker_seconds"] or 1; print("%6.2f GB/s cpu %.2fs read %2.0f%% wait %2.0f%%" % (s["gbps"], s["cpu_seconds"], 100*p["io_seconds"]/w, 100*p["copy_wait_seconds"]/w))')
                 echo "sweep  $r  ${ZEROHOP_SWEEP_LABEL:-} $args" | tee -a "$OUT/sweep.txt"
             done
+            ;;
+        phases)
+            # Where the time of one Python load_file goes, call by call: in a
+            # fresh process, and after a tiny warm-up load.
+            ensure_hot; install_wheels
+            python3 bench/load_phases.py $HOT | tee -a "$OUT/load-phases.txt"
+            python3 bench/load_phases.py $HOT --warm-up | tee -a "$OUT/load-phases.txt"
             ;;
         checkpoint)
             # Save/restore 16 GiB of device memory to disk and to tmpfs:

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Where the time of `zerohop.load_file(FILE, device="cuda:0")` goes, call by
+call, in one fresh process: header parsing, tensor allocation (one torch
+tensor each, as load_file does, or one allocation viewed as every tensor),
+and the engine's transfer. The first call includes the engine's setup
+unless --warm-up loads a tiny file first.
+
+    python3 bench/load_phases.py /dev/shm/model.safetensors [--calls 4] [--warm-up]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--calls", type=int, default=4)
+    ap.add_argument("--warm-up", action="store_true", help="load a tiny file before the first timed call")
+    args = ap.parse_args()
+
+    t = time.perf_counter()
+    import torch
+
+    torch.zeros(1, device="cuda:0")
+    torch.cuda.synchronize()
+    print(f"torch + CUDA context: {time.perf_counter() - t:.3f} s")
+    t = time.perf_counter()
+    import zerohop
+    from zerohop import _buffers, _native
+
+    print(f"import zerohop: {time.perf_counter() - t:.3f} s")
+    if args.warm_up:
+        with tempfile.TemporaryDirectory() as d:
+            tiny = os.path.join(d, "tiny.safetensors")
+            zerohop.save_file({"x": torch.zeros(1024)}, tiny)
+            t = time.perf_counter()
+            zerohop.load_file(tiny, device="cuda:0")
+            torch.cuda.synchronize()
+            print(f"warm-up load (engine setup): {time.perf_counter() - t:.3f} s")
+
+    size = os.path.getsize(args.file)
+    for call in range(args.calls):
+        single = call % 2 == 1
+        t0 = time.perf_counter()
+        _, infos = _native.safetensors_header(args.file)
+        t1 = time.perf_counter()
+        if single:
+            total = sum(end - begin for _, _, _, begin, end in infos)
+            whole = torch.empty(total, dtype=torch.uint8, device="cuda:0")
+            tensors, at = [], 0
+            for _, dtype, shape, begin, end in infos:
+                tensors.append(whole[at : at + end - begin])
+                at += end - begin
+        else:
+            tensors = [_buffers.empty("pt", dtype, shape, "cuda:0") for _, dtype, shape, _, _ in infos]
+        t2 = time.perf_counter()
+        pieces = [(0, begin, end - begin, _buffers.address(x)) for (_, _, _, begin, end), x in zip(infos, tensors)]
+        stats = json.loads(_native.read("cuda:0", [args.file], pieces, _buffers.current_stream("cuda:0"), False))
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        total = t3 - t0
+        print(
+            f"call {call} ({'one allocation' if single else 'a tensor each'}): {size / total / 1e9:.2f} GB/s"
+            f" as waited ({total:.3f} s): header {t1 - t0:.3f} s, allocation {t2 - t1:.3f} s,"
+            f" read call {t3 - t2:.3f} s (engine's own timer {stats['seconds']:.3f} s,"
+            f" {stats['gbps']:.2f} GB/s, cpu {stats['cpu_seconds']:.2f} s) via {stats['path']}"
+        )
+        for note in stats["notes"]:
+            print(f"    note: {note}")
+        p = stats["profile"]
+        print("    profile: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items() if isinstance(v, float)))
+        del tensors
+        if single:
+            del whole
+        torch.cuda.empty_cache()
+    for call in range(2):
+        t = time.perf_counter()
+        out = zerohop.load_file(args.file, device="cuda:0")
+        torch.cuda.synchronize()
+        s = time.perf_counter() - t
+        print(f"load_file #{call}: {size / s / 1e9:.2f} GB/s ({s:.3f} s, {len(out)} tensors)")
+        del out
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
