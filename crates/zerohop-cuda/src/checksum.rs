@@ -1,16 +1,64 @@
 //! XXH3-64 of device memory, computed by a kernel on the GPU
-//! (`kernels/xxh3.cu`, embedded as PTX and compiled by the driver on first
-//! use), so checksumming a save costs the host no reads of the data.
+//! (`kernels/xxh3.cu`), so checksumming a save costs the host no reads of
+//! the data. The kernel is embedded as SASS for sm_80, sm_90 and sm_100,
+//! which loads at once, and as PTX, which the driver compiles on first use
+//! (0.43 s on an H200) for other GPUs; `scripts/build-kernels.sh` makes both.
 
 use crate::error::{check, CudaError, CudaErrorKind};
 use crate::memory::{DeviceAllocation, DevicePtr};
 use crate::{Context, Result, Stream};
 use cudarc::driver::sys;
 use std::ffi::c_void;
+use std::fmt;
 use std::sync::Arc;
 
 /// The kernel's PTX, NUL-terminated as `cuModuleLoadData` wants it.
 const PTX: &str = concat!(include_str!("../kernels/xxh3.ptx"), "\0");
+
+/// The kernel's SASS for one architecture: a cubin, built from [`PTX`].
+struct Cubin {
+    /// `XY` of sm_XY.
+    sm: u32,
+    image: &'static Aligned<[u8]>,
+}
+
+/// Bytes aligned as an ELF64 image's fields, which the driver may read in
+/// place.
+#[repr(C, align(8))]
+struct Aligned<T: ?Sized>(T);
+
+static CUBINS: [Cubin; 3] = [
+    Cubin {
+        sm: 80,
+        image: &Aligned(*include_bytes!("../kernels/xxh3.sm_80.cubin")),
+    },
+    Cubin {
+        sm: 90,
+        image: &Aligned(*include_bytes!("../kernels/xxh3.sm_90.cubin")),
+    },
+    Cubin {
+        sm: 100,
+        image: &Aligned(*include_bytes!("../kernels/xxh3.sm_100.cubin")),
+    },
+];
+
+/// Which of its images the kernel was loaded from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelImage {
+    /// Machine code built ahead for sm_`sm` (e.g. 90): nothing to compile.
+    Sass { sm: u32 },
+    /// The PTX, compiled by the driver at load.
+    Ptx,
+}
+
+impl fmt::Display for KernelImage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelImage::Sass { sm } => write!(f, "SASS sm_{sm}"),
+            KernelImage::Ptx => f.write_str("PTX (compiled by the driver)"),
+        }
+    }
+}
 
 /// Inputs shorter than this take XXH3's short-input paths, which the
 /// kernel leaves to the host.
@@ -52,6 +100,7 @@ pub struct Xxh3Kernel {
     ctx: Arc<Context>,
     module: sys::CUmodule,
     function: sys::CUfunction,
+    image: KernelImage,
 }
 
 // SAFETY: module and function handles may be used from any thread of the
@@ -61,16 +110,12 @@ unsafe impl Send for Xxh3Kernel {}
 unsafe impl Sync for Xxh3Kernel {}
 
 impl Xxh3Kernel {
-    /// Loads the kernel into `ctx` (the driver compiles the PTX for this GPU).
+    /// Loads the kernel into `ctx`: the SASS built for its GPU where there
+    /// is one, else the PTX, which the driver compiles.
     pub fn load(ctx: &Arc<Context>) -> Result<Self> {
+        let cc = ctx.compute_capability()?;
         ctx.bind()?;
-        let mut module = std::ptr::null_mut();
-        // SAFETY: PTX is a NUL-terminated image that lives for the program;
-        // writes one handle.
-        check(
-            unsafe { sys::cuModuleLoadData(&mut module, PTX.as_ptr().cast()) },
-            "cuModuleLoadData",
-        )?;
+        let (module, image) = load_module(cc)?;
         let mut function = std::ptr::null_mut();
         // SAFETY: `module` was just loaded; the name is NUL-terminated.
         let got = check(
@@ -81,8 +126,14 @@ impl Xxh3Kernel {
             ctx: ctx.clone(),
             module,
             function,
+            image,
         };
         got.map(|()| kernel)
+    }
+
+    /// Which image was loaded: SASS, or PTX that the driver compiled.
+    pub fn image(&self) -> KernelImage {
+        self.image
     }
 
     /// XXH3-64 (seed 0) of each chunk, a chunk being its ranges' bytes one
@@ -166,6 +217,53 @@ impl Xxh3Kernel {
     }
 }
 
+/// The SASS for a device of compute capability `(major, minor)`, if any: a
+/// cubin for sm_XY runs on devices of major X and minor Y or more, and the
+/// highest of those is the closest to the device.
+fn sass_for((major, minor): (i32, i32)) -> Option<&'static Cubin> {
+    CUBINS
+        .iter()
+        .filter(|c| (c.sm / 10) as i32 == major && (c.sm % 10) as i32 <= minor)
+        .max_by_key(|c| c.sm)
+}
+
+/// Loads the SASS for `cc` where there is one and the driver takes it, else
+/// the PTX.
+fn load_module(cc: (i32, i32)) -> Result<(sys::CUmodule, KernelImage)> {
+    if let Some(cubin) = sass_for(cc) {
+        match load_image(Some(cubin)) {
+            Ok(module) => return Ok((module, KernelImage::Sass { sm: cubin.sm })),
+            // A driver may still refuse a cubin (one older than the ptxas
+            // that built it, say); the PTX loads wherever the kernel can run.
+            Err(e) if refused(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((load_image(None)?, KernelImage::Ptx))
+}
+
+/// Loads `cubin`, or the PTX for `None`, into the current context.
+fn load_image(cubin: Option<&'static Cubin>) -> Result<sys::CUmodule> {
+    let data = cubin.map_or(PTX.as_ptr(), |c| c.image.0.as_ptr());
+    let mut module = std::ptr::null_mut();
+    // SAFETY: `data` is a whole embedded image that lives for the program:
+    // a cubin (an ELF file, whose headers give its extent) or NUL-terminated
+    // PTX; writes one handle.
+    check(
+        unsafe { sys::cuModuleLoadData(&mut module, data.cast()) },
+        "cuModuleLoadData",
+    )?;
+    Ok(module)
+}
+
+/// Whether the driver refused an image as not for this GPU or not readable.
+fn refused(e: &CudaError) -> bool {
+    use sys::CUresult::{CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_NO_BINARY_FOR_GPU};
+    [CUDA_ERROR_NO_BINARY_FOR_GPU, CUDA_ERROR_INVALID_IMAGE]
+        .iter()
+        .any(|&r| *e.kind() == CudaErrorKind::Driver(r as u32))
+}
+
 /// The kernel's descriptors of `chunks`, checked.
 fn describe(chunks: &[Vec<DeviceRange>]) -> Result<(Vec<Job>, Vec<Piece>)> {
     let mut jobs = Vec::with_capacity(chunks.len());
@@ -227,5 +325,25 @@ mod tests {
         let short = describe(&[vec![r(0x1000, 240)]]).unwrap_err();
         assert_eq!(*short.kind(), CudaErrorKind::OutOfRange);
         assert!(describe(&[vec![r(u64::MAX - 10, 300)]]).is_err());
+    }
+
+    #[test]
+    fn a_device_gets_the_highest_sass_of_its_major_version_or_the_ptx() {
+        let sass = |sm| KernelImage::Sass { sm };
+        let image = |cc| sass_for(cc).map_or(KernelImage::Ptx, |c| sass(c.sm));
+        for (cc, want) in [
+            ((7, 5), KernelImage::Ptx),
+            ((8, 0), sass(80)),
+            ((8, 6), sass(80)),
+            ((8, 9), sass(80)),
+            ((9, 0), sass(90)),
+            ((10, 0), sass(100)),
+            ((10, 3), sass(100)),
+            ((12, 0), KernelImage::Ptx),
+        ] {
+            assert_eq!(image(cc), want, "compute capability {cc:?}");
+        }
+        assert_eq!(sass(90).to_string(), "SASS sm_90");
+        assert_eq!(KernelImage::Ptx.to_string(), "PTX (compiled by the driver)");
     }
 }

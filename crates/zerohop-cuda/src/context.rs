@@ -45,6 +45,11 @@ impl Context {
         self.ordinal
     }
 
+    /// The (major, minor) compute capability of this context's device.
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        crate::driver::compute_capability(self.device)
+    }
+
     /// Makes this the calling thread's current context. Cheap (a
     /// thread-local write in the driver), so every wrapper calls it rather
     /// than caching which context a thread has.

@@ -90,8 +90,6 @@ impl Driver {
         let mut name = [0 as std::ffi::c_char; 256];
         let mut bus = [0 as std::ffi::c_char; 64];
         let mut total = 0usize;
-        let (mut major, mut minor) = (0, 0);
-        use sys::CUdevice_attribute::*;
         // SAFETY: each call writes into a buffer of the length passed, or one
         // integer; `dev` is a valid device handle.
         unsafe {
@@ -107,22 +105,6 @@ impl Driver {
                 sys::cuDeviceTotalMem_v2(&mut total, dev),
                 "cuDeviceTotalMem",
             )?;
-            check(
-                sys::cuDeviceGetAttribute(
-                    &mut major,
-                    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                    dev,
-                ),
-                "cuDeviceGetAttribute",
-            )?;
-            check(
-                sys::cuDeviceGetAttribute(
-                    &mut minor,
-                    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                    dev,
-                ),
-                "cuDeviceGetAttribute",
-            )?;
         }
         let text = |b: &[std::ffi::c_char]| {
             // SAFETY: the buffers were zeroed and the driver writes at most
@@ -135,8 +117,35 @@ impl Driver {
             ordinal,
             name: text(&name),
             total_memory: total as u64,
-            compute_capability: (major, minor),
+            compute_capability: compute_capability(dev)?,
             pci_bus_id: text(&bus),
         })
     }
+}
+
+/// The (major, minor) compute capability of a device handle.
+pub(crate) fn compute_capability(dev: sys::CUdevice) -> Result<(i32, i32)> {
+    use sys::CUdevice_attribute::*;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: each call writes one integer; `dev` comes from the loaded
+    // driver (one it does not know is an error, not a fault).
+    unsafe {
+        check(
+            sys::cuDeviceGetAttribute(
+                &mut major,
+                CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                dev,
+            ),
+            "cuDeviceGetAttribute",
+        )?;
+        check(
+            sys::cuDeviceGetAttribute(
+                &mut minor,
+                CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                dev,
+            ),
+            "cuDeviceGetAttribute",
+        )?;
+    }
+    Ok((major, minor))
 }

@@ -17,7 +17,7 @@ mod memory;
 mod stream;
 mod vmm;
 
-pub use checksum::{DeviceRange, Xxh3Kernel, XXH3_KERNEL_MIN_BYTES};
+pub use checksum::{DeviceRange, KernelImage, Xxh3Kernel, XXH3_KERNEL_MIN_BYTES};
 pub use context::Context;
 pub use driver::{DeviceInfo, Driver};
 pub use error::{CudaError, CudaErrorKind};

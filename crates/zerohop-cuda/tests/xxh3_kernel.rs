@@ -1,7 +1,8 @@
 //! The XXH3 kernel must give XXH3-64's values for chunks of any length,
 //! alignment and number of pieces: its source run on the host with each
-//! warp's 32 lanes as threads (kernels/host_harness.cc), and the PTX built
-//! from it on the GPU (ignored unless run with `--include-ignored`).
+//! warp's 32 lanes as threads (kernels/host_harness.cc), and the kernel as
+//! loaded, SASS or PTX, on the GPU (ignored unless run with
+//! `--include-ignored`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -116,9 +117,28 @@ fn kernel_source_matches_xxh3_on_emulated_warps() {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn kernel_matches_xxh3_on_the_gpu() {
-    use zerohop_cuda::{Context, DeviceAllocation, DeviceRange, Xxh3Kernel};
+    use zerohop_cuda::{Context, DeviceAllocation, DeviceRange, KernelImage, Xxh3Kernel};
     let ctx = Context::new(0).expect("this test needs an NVIDIA GPU");
+    let t = std::time::Instant::now();
     let kernel = Xxh3Kernel::load(&ctx).unwrap();
+    let load_secs = t.elapsed().as_secs_f64();
+    let (major, minor) = ctx.compute_capability().unwrap();
+    // For PTX, the time depends on the driver's JIT cache (~/.nv): a
+    // machine's first load compiles, later ones may not.
+    eprintln!(
+        "xxh3 kernel: {} loaded in {:.1} ms on a GPU of compute capability {major}.{minor}",
+        kernel.image(),
+        load_secs * 1e3
+    );
+    // The SASS shipped for sm_80, sm_90 and sm_100 covers these majors.
+    if (8..=10).contains(&major) {
+        assert_eq!(
+            kernel.image(),
+            KernelImage::Sass {
+                sm: major as u32 * 10
+            }
+        );
+    }
     let data = pattern(300_000);
     let dev = DeviceAllocation::new(&ctx, data.len()).unwrap();
     let stream = zerohop_cuda::Stream::new(&ctx).unwrap();
