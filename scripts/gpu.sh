@@ -5,7 +5,7 @@
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
-# Steps: info, tests, python, hot, cold, sweep, phases, peers, checkpoint, save, agent,
+# Steps: warm (touch host memory before timing), info, tests, python, hot, cold, sweep, phases, peers, checkpoint, save, agent,
 # compare and compare-save (before/after a change: they need .before/zerohop,
 # see the README; run them in separate calls, each takes 7-8 minutes). The device tool call is:
 #   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
@@ -74,6 +74,9 @@ device() {
     for step in "$@"; do
         echo "=== $step ($(date -u +%FT%TZ), commit $(cat .stage/commit))"
         case "$step" in
+        warm)
+            warm_memory
+            ;;
         info)
             nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv
             uname -r; nproc; free -g; df -h / /var/tmp /dev/shm
