@@ -47,6 +47,9 @@ fn engine_on(sim: SimConfig) -> Engine {
                 slot_bytes: 2 * CHUNK as usize,
             },
             io_threads: 3,
+            // Mapped-copy windows smaller than a chunk: restores, which
+            // check whole chunks, must not take that route.
+            mapped_window_bytes: 4096,
             ..EngineConfig::default()
         },
     )

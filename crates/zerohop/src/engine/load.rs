@@ -2,7 +2,7 @@
 //! its route, the hot route measured first where it is still unknown.
 
 use super::read_pipeline::{self, Job, Moved, ReadCheck, Worker};
-use super::route::{FileRoute, Route, NO_DMA_NOTE};
+use super::route::{FileRoute, Route, NO_DMA_NOTE, STAGED};
 use super::{page_cache_dma, Engine, HotRoute, Progress};
 use crate::device::wait_for_buffer_streams;
 use crate::plan::{work_items, Extent, TransferPlan, WindowCaps};
@@ -50,12 +50,9 @@ impl Engine {
         let routes: Vec<FileRoute> = files
             .iter()
             .map(|f| match self.route_for(f) {
-                // A check must see the bytes in a staging slot.
-                FileRoute::Fixed(Route::PageCacheDma) | FileRoute::MeasuredHot
-                    if check.is_some() =>
-                {
-                    FileRoute::Fixed(Route::MappedCopy)
-                }
+                r @ FileRoute::Fixed(Route::Staged(_)) => r,
+                // A check sees whole slots (restores check whole chunks).
+                _ if check.is_some() => FileRoute::Fixed(STAGED),
                 r => r,
             })
             .collect();

@@ -190,8 +190,10 @@ impl Engine {
 
     /// As [`Engine::transfer`], with `check` shown every window's bytes in
     /// its staging slot before they are copied to the device; an error from
-    /// it stops the transfer. Every window takes the staged route (the
-    /// page-cache DMA route never puts the bytes where the CPU sees them).
+    /// it stops the transfer. Every window takes the staged route: whole
+    /// slots, as restores check whole chunks (mapped copies cut smaller
+    /// windows, and page-cache DMA never puts the bytes where the CPU sees
+    /// them).
     pub fn transfer_checked(
         &self,
         files: &[SourceFile],
