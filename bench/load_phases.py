@@ -22,6 +22,8 @@ def main() -> None:
     ap.add_argument("file")
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--warm-up", action="store_true", help="load a tiny file before the first timed call")
+    ap.add_argument("--allocations", type=int, default=0, metavar="N",
+                    help="also time N tensor allocations of 1-4 MiB: one torch.empty each against views of shared blocks")
     args = ap.parse_args()
 
     t = time.perf_counter()
@@ -44,6 +46,8 @@ def main() -> None:
             torch.cuda.synchronize()
             print(f"warm-up load (engine setup): {time.perf_counter() - t:.3f} s")
 
+    if args.allocations:
+        time_allocations(torch, args.allocations)
     size = os.path.getsize(args.file)
     for call in range(args.calls):
         single = call % 2 == 1
@@ -87,6 +91,40 @@ def main() -> None:
         print(f"load_file #{call}: {size / s / 1e9:.2f} GB/s ({s:.3f} s, {len(out)} tensors)")
         del out
         torch.cuda.empty_cache()
+
+
+def time_allocations(torch, n: int) -> None:
+    """N bf16 tensors of 1-4 MiB on cuda:0: a torch.empty each, against one
+    64 MiB block per group split into views (each timed twice: the second
+    time torch's allocator has the memory cached)."""
+    shapes = [(512 + (i * 7919) % 1536, 1024) for i in range(n)]  # 1-4 MiB of bf16
+    for round_ in range(2):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        each = [torch.empty(s, dtype=torch.bfloat16, device="cuda:0") for s in shapes]
+        torch.cuda.synchronize()
+        t_each = time.perf_counter() - t
+        del each
+        torch.cuda.empty_cache() if round_ == 0 else None
+        t = time.perf_counter()
+        views, group, group_bytes = [], [], 0
+        def flush():
+            block = torch.empty(sum(a * b for a, b in group), dtype=torch.bfloat16, device="cuda:0")
+            parts = block.split([a * b for a, b in group])
+            views.extend(p.view(s) for p, s in zip(parts, group))
+        for s in shapes:
+            if group_bytes + 2 * s[0] * s[1] > 64 << 20:
+                flush()
+                group, group_bytes = [], 0
+            group.append(s)
+            group_bytes += 2 * s[0] * s[1]
+        flush()
+        torch.cuda.synchronize()
+        t_views = time.perf_counter() - t
+        print(f"allocations, round {round_}: {n} tensors: a torch.empty each {t_each * 1e3:.1f} ms,"
+              f" views of 64 MiB blocks {t_views * 1e3:.1f} ms")
+        del views
+        torch.cuda.empty_cache() if round_ == 0 else None
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ device() {
             # fresh process, and after a tiny warm-up load.
             ensure_hot; install_wheels
             python3 bench/load_phases.py $HOT | tee -a "$OUT/load-phases.txt"
-            python3 bench/load_phases.py $HOT --warm-up | tee -a "$OUT/load-phases.txt"
+            python3 bench/load_phases.py $HOT --warm-up --allocations 3000 | tee -a "$OUT/load-phases.txt"
             ;;
         checkpoint)
             # Save/restore 16 GiB of device memory to disk and to tmpfs:
