@@ -144,3 +144,11 @@ def test_the_extension_does_not_link_cuda():
     needed = subprocess.run(["readelf", "-d", _native.__file__], capture_output=True, text=True).stdout
     assert "NEEDED" in needed
     assert "cuda" not in needed.lower() and "libpython" not in needed
+
+
+def test_prepare_makes_the_engine_once_and_names_the_device():
+    first = zerohop.prepare("cpu")
+    assert "host" in first.lower(), first
+    assert zerohop.prepare("host") == first
+    with pytest.raises(ValueError):
+        zerohop.prepare("nonsense")

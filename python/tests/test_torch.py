@@ -206,3 +206,19 @@ def test_cuda_driver_errors_are_runtime_errors(tmp_path):
         # Address 16 is no device memory: the driver refuses the copy.
         zerohop._native.read("cuda:0", [str(path)], [(0, 0, 4096, 16)])
     assert os.path.exists(path)
+
+
+@cuda
+def test_small_tensors_share_blocks_and_save_like_any_tensors(tmp_path):
+    tensors = model_tensors()
+    path = tmp_path / "m.safetensors"
+    st_torch.save_file(tensors, str(path))
+    loaded = zerohop.load_file(path, device="cuda:0")
+    storages = {t.untyped_storage().data_ptr() for t in loaded.values() if t.numel()}
+    assert len(storages) == 1, "the small tensors are views of one block"
+    # Disjoint views save as separate tensors, with safetensors and zerohop.
+    for save in (st_torch.save_file, zerohop.save_file):
+        again = tmp_path / "again.safetensors"
+        save(loaded, str(again))
+        back = st_torch.load_file(str(again))
+        assert all(bits(back[n]) == bits(t) for n, t in tensors.items())

@@ -29,6 +29,7 @@ __all__ = [
     "checkpoint",
     "info",
     "load_file",
+    "prepare",
     "read_into",
     "safe_open",
     "save_file",
@@ -44,6 +45,16 @@ def info(path: Optional[PathLike] = None) -> Dict[str, Any]:
     exists and why not, io_uring, whether `path`'s file system accepts
     O_DIRECT, and the staging settings."""
     return json.loads(_native.info(os.fspath(path) if path is not None else None))
+
+
+def prepare(device: Any = "cuda") -> str:
+    """Sets zerohop up for `device` now ('cuda', 'cuda:N', an index, 'cpu',
+    'auto'): its engine, with its pinned staging memory, made once per
+    process. The first load on a device does this itself, on its clock
+    (about 50 ms on the reference GPU machine); call this where that time is
+    free, e.g. at start-up while the model is being built. Returns the
+    device, described."""
+    return _native.prepare(_buffers.device_name(device))
 
 
 def read_into(

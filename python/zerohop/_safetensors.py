@@ -41,13 +41,16 @@ def _load(
     framework: str,
     progress: Progress,
 ) -> Dict[str, Any]:
-    """Allocates each wanted tensor through its framework, then fills them
-    all in one engine call."""
+    """Allocates the wanted tensors through their framework (in GPU memory,
+    small ones share blocks: see `_buffers.empty_many`), then fills them all
+    in one engine call."""
+    wanted = list(wanted)
+    made = _buffers.empty_many(framework, [(t.dtype, t.shape, t.end - t.begin) for t in wanted], device)
     out: Dict[str, Any] = {}
     pieces = []
-    for t in wanted:
-        out[t.name] = _buffers.empty(framework, t.dtype, t.shape, device)
-        pieces.append((t.file, t.begin, t.end - t.begin, _buffers.address(out[t.name])))
+    for t, x in zip(wanted, made):
+        out[t.name] = x
+        pieces.append((t.file, t.begin, t.end - t.begin, _buffers.address(x)))
     if pieces:
         _native.read(device, list(paths), pieces, _buffers.current_stream(device), progress)
     return out

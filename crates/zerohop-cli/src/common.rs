@@ -25,6 +25,10 @@ pub struct EngineArgs {
     /// pread threads), io-uring, pread.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
+    /// Bytes per read request (io_uring splits each slot's read into
+    /// requests of this size, all in flight at once), e.g. 512KiB.
+    #[arg(long, default_value_t = ByteSize(EngineConfig::default().read_request_bytes as u64))]
+    pub read_request: ByteSize,
     /// O_DIRECT: auto (for files not in the page cache), always, never.
     #[arg(long, value_enum, default_value_t = DirectArg::Auto)]
     pub direct: DirectArg,
@@ -90,6 +94,7 @@ impl EngineArgs {
             HotArg::Dma => HotRoute::PageCacheDma,
         };
         c.dma_window_bytes = self.dma_window.bytes();
+        c.read_request_bytes = self.read_request.bytes();
         c.mapped_window_bytes = self.mapped_window.bytes();
         c.hot_choice_file = zerohop::hot_choice::default_file();
         c

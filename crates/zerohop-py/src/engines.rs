@@ -47,6 +47,15 @@ pub fn device_name(spec: &str) -> PyResult<String> {
     })
 }
 
+/// Makes the engine of `device` now (its pinned staging memory most of
+/// all), so that the first load does not wait for it. Returns the
+/// engine's device, as `info` describes it.
+#[pyfunction]
+pub fn prepare(py: Python<'_>, device: &str) -> PyResult<String> {
+    let place = Place::parse(device)?;
+    py.detach(|| engine(place)).map(|e| e.device().describe())
+}
+
 /// The engine for `place`, made on first use.
 pub fn engine(place: Place) -> PyResult<Arc<Engine>> {
     static ENGINES: OnceLock<Mutex<HashMap<Place, Arc<Engine>>>> = OnceLock::new();

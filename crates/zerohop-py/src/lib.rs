@@ -24,6 +24,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.py().get_type::<errors::IntegrityError>(),
     )?;
     m.add_function(wrap_pyfunction!(engines::device_name, m)?)?;
+    m.add_function(wrap_pyfunction!(engines::prepare, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::info, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::read, m)?)?;

@@ -23,6 +23,9 @@ pub struct EngineConfig {
     /// I/O worker threads (each with its own reader and copy queue).
     pub io_threads: usize,
     pub backend: BackendKind,
+    /// Bytes per read request: io_uring splits each slot's read into
+    /// requests of this size, all in flight at once.
+    pub read_request_bytes: usize,
     pub direct_io: DirectIo,
     pub hot_route: HotRoute,
     /// Bytes pinned per page-cache DMA window.
@@ -48,6 +51,7 @@ impl Default for EngineConfig {
             staging: StagingConfig::default(),
             io_threads: crate::machine::available_cpus().clamp(2, 16),
             backend: BackendKind::Auto,
+            read_request_bytes: crate::storage::DEFAULT_READ_REQUEST,
             direct_io: DirectIo::Auto,
             hot_route: HotRoute::Auto,
             dma_window_bytes: 64 << 20,

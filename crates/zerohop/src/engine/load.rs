@@ -9,7 +9,7 @@ use crate::plan::{work_items, Extent, TransferPlan, WindowCaps};
 use crate::staging::StagingPool;
 use crate::stats::TransferStats;
 use crate::storage::SourceFile;
-use crate::{Error, Result};
+use crate::Result;
 use std::time::Instant;
 
 /// What one or more pipeline runs of a transfer did.
@@ -123,22 +123,11 @@ impl Engine {
         let windows = items.len();
         let shares = pool.worker_shares(self.config.io_threads.min(windows));
         let threads = shares.len();
-        let mut workers = Vec::with_capacity(threads);
-        for share in shares {
-            workers.push(Worker {
-                slots: share,
-                queue: self.device.new_queue()?,
-                reader: self.backend.reader().map_err(|e| {
-                    Error::with_source(
-                        crate::ErrorKind::Io,
-                        format!("cannot start a {} reader", self.backend.name()),
-                        e,
-                    )
-                })?,
-            });
-        }
+        // Each worker makes its copy queue and reader on its own thread.
+        let workers = shares.into_iter().map(|slots| Worker { slots }).collect();
         let job = Job {
             device: self.device.as_ref(),
+            backend: self.backend.as_ref(),
             files,
             maps: &maps,
             items,

@@ -51,7 +51,14 @@ pub struct Engine {
 impl Engine {
     /// Allocates the staging pool once and picks the read backend.
     pub fn new(device: Arc<dyn Device>, config: EngineConfig) -> Result<Self> {
-        let backend = storage::backend(config.backend).map_err(|e| {
+        let segment = config.read_request_bytes;
+        if segment == 0 || !segment.is_multiple_of(storage::DIRECT_ALIGN as usize) {
+            return Err(Error::invalid(format!(
+                "read_request_bytes must be a positive multiple of {}",
+                storage::DIRECT_ALIGN
+            )));
+        }
+        let backend = storage::backend_with_segment(config.backend, segment).map_err(|e| {
             Error::with_source(crate::ErrorKind::Io, "io_uring is not available", e)
         })?;
         Self::with_backend(device, config, backend)

@@ -14,7 +14,7 @@ use super::workers::{assert_fits, run_workers, Progress};
 use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
 use crate::plan::{Extent, Window, WindowCopy, WorkItem};
 use crate::stats::WorkerProfile;
-use crate::storage::{BlockReader, GuardedMapping, IoMode, SourceFile};
+use crate::storage::{BlockReader, GuardedMapping, IoMode, ReadBackend, SourceFile};
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -51,6 +51,7 @@ const MAX_DMA_IN_FLIGHT: usize = 2;
 
 pub(super) struct Job<'a> {
     pub device: &'a dyn Device,
+    pub backend: &'a dyn ReadBackend,
     pub files: &'a [SourceFile],
     /// Read-only mappings of the files that take the mapped-copy or the
     /// page-cache DMA route.
@@ -68,11 +69,18 @@ struct Shared<'a> {
     pin_refusal: Mutex<Option<String>>,
 }
 
-/// One worker's equipment.
+/// One worker's share of the staging slots.
 pub(super) struct Worker<'s> {
     pub slots: &'s mut [Box<dyn StagingMemory>],
-    pub queue: Box<dyn CopyQueue>,
-    pub reader: Box<dyn BlockReader>,
+}
+
+/// One worker's equipment, made on its own thread.
+struct Equipment<'s> {
+    slots: &'s mut [Box<dyn StagingMemory>],
+    queue: Box<dyn CopyQueue>,
+    /// Made at the first read: windows that are copied out of mappings
+    /// need none.
+    reader: Option<Box<dyn BlockReader>>,
 }
 
 /// What a pending fence releases when it passes.
@@ -101,8 +109,13 @@ pub(super) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Opt
     Ok((total, shared.pin_refusal.into_inner().unwrap()))
 }
 
-fn work(shared: &Shared<'_>, mut w: Worker<'_>) -> Result<Moved> {
+fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
     let started = Instant::now();
+    let mut w = Equipment {
+        slots: w.slots,
+        queue: shared.job.device.new_queue()?,
+        reader: None,
+    };
     let mut free: Vec<usize> = (0..w.slots.len()).collect();
     let mut pending: VecDeque<(Box<dyn Fence>, Held)> = VecDeque::new();
     let mut moved = Moved::default();
@@ -124,7 +137,7 @@ fn work(shared: &Shared<'_>, mut w: Worker<'_>) -> Result<Moved> {
 /// Takes items off the job until none are left or a worker failed.
 fn run_items(
     shared: &Shared<'_>,
-    w: &mut Worker<'_>,
+    w: &mut Equipment<'_>,
     free: &mut Vec<usize>,
     pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
     moved: &mut Moved,
@@ -247,7 +260,7 @@ enum Fill {
 
 /// Fills a free slot with `win` and queues its copies.
 fn stage(
-    w: &mut Worker<'_>,
+    w: &mut Equipment<'_>,
     free: &mut Vec<usize>,
     pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
     moved: &mut Moved,
@@ -262,7 +275,7 @@ fn stage(
     let slot = free.pop().expect("a slot is free");
     let t = Instant::now();
     let read = match fill {
-        Fill::Read(mode) => read_window(w, slot, file, mode, win).map(Some),
+        Fill::Read(mode) => read_window(w, slot, job.backend, file, mode, win).map(Some),
         Fill::Mapped => copy_window(w, slot, job, win).map(|()| None),
     };
     moved.profile.io_seconds += t.elapsed().as_secs_f64();
@@ -301,7 +314,7 @@ fn stage(
 }
 
 /// Copies the bytes `win` needs out of its file's mapping into `slot`.
-fn copy_window(w: &mut Worker<'_>, slot: usize, job: &Job<'_>, win: &Window) -> Result<()> {
+fn copy_window(w: &mut Equipment<'_>, slot: usize, job: &Job<'_>, win: &Window) -> Result<()> {
     let staging = &mut w.slots[slot];
     assert_fits(win, staging.as_ref());
     let file = &job.files[win.file];
@@ -329,12 +342,23 @@ fn copy_window(w: &mut Worker<'_>, slot: usize, job: &Job<'_>, win: &Window) -> 
 /// Reads `win` into `slot`, falling back to buffered I/O when the file system
 /// refuses an O_DIRECT read. Returns the mode that was used.
 fn read_window(
-    w: &mut Worker<'_>,
+    w: &mut Equipment<'_>,
     slot: usize,
+    backend: &dyn ReadBackend,
     file: &SourceFile,
     mode: IoMode,
     win: &Window,
 ) -> Result<IoMode> {
+    let reader = match &mut w.reader {
+        Some(r) => r,
+        None => w.reader.insert(backend.reader().map_err(|e| {
+            Error::with_source(
+                ErrorKind::Io,
+                format!("cannot start a {} reader", backend.name()),
+                e,
+            )
+        })?),
+    };
     let staging = &mut w.slots[slot];
     assert_fits(win, staging.as_ref());
     // SAFETY: this worker owns the slot exclusively and no copy reads it now
@@ -347,7 +371,7 @@ fn read_window(
         IoMode::Buffered
     };
     let got = loop {
-        match w.reader.read_at(file, mode, win.start, buf) {
+        match reader.read_at(file, mode, win.start, buf) {
             Ok(n) => break n,
             Err(e)
                 if mode == IoMode::Direct

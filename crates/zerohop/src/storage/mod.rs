@@ -19,7 +19,7 @@ pub use file::{IoMode, SourceFile};
 pub use mapping::{page_cache_residency, FileMapping, GuardedMapping};
 pub use psync::PreadBackend;
 pub use sink::{sync_dir, write_mode, PwriteBackend, SinkFile, WriteBackend};
-pub use uring::UringBackend;
+pub use uring::{UringBackend, DEFAULT_SEGMENT as DEFAULT_READ_REQUEST};
 
 use std::io;
 use std::sync::Arc;
@@ -60,11 +60,17 @@ pub trait BlockReader: Send {
 
 /// Picks a backend: io_uring if asked or available, else `pread`.
 pub fn backend(kind: BackendKind) -> io::Result<Arc<dyn ReadBackend>> {
+    backend_with_segment(kind, DEFAULT_READ_REQUEST)
+}
+
+/// As [`backend`], io_uring splitting each read into requests of
+/// `segment` bytes kept in flight together.
+pub fn backend_with_segment(kind: BackendKind, segment: usize) -> io::Result<Arc<dyn ReadBackend>> {
     match kind {
         BackendKind::Pread => Ok(Arc::new(PreadBackend)),
-        BackendKind::IoUring => Ok(Arc::new(UringBackend::probe()?)),
+        BackendKind::IoUring => Ok(Arc::new(UringBackend::probe()?.with_segment(segment))),
         BackendKind::Auto => Ok(match UringBackend::probe() {
-            Ok(b) => Arc::new(b),
+            Ok(b) => Arc::new(b.with_segment(segment)),
             Err(_) => Arc::new(PreadBackend),
         }),
     }

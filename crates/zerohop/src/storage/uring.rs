@@ -19,9 +19,21 @@ impl UringBackend {
     /// may not).
     pub fn probe() -> io::Result<Self> {
         IoUring::new(2)?;
-        Ok(UringBackend { segment: 1 << 20 })
+        Ok(UringBackend {
+            segment: DEFAULT_SEGMENT,
+        })
+    }
+
+    /// Splits reads into segments of `bytes` (a multiple of
+    /// [`DIRECT_ALIGN`](super::DIRECT_ALIGN), so O_DIRECT reads stay
+    /// aligned).
+    pub fn with_segment(self, bytes: usize) -> Self {
+        UringBackend { segment: bytes }
     }
 }
+
+/// Bytes per request by default.
+pub const DEFAULT_SEGMENT: usize = 1 << 20;
 
 impl ReadBackend for UringBackend {
     fn name(&self) -> &'static str {
