@@ -55,9 +55,11 @@ impl Default for EngineConfig {
             direct_io: DirectIo::Auto,
             hot_route: HotRoute::Auto,
             dma_window_bytes: 64 << 20,
-            // Measured on the reference machine (issue 12): 2 MiB copies ran
-            // at 0.92x pinned H2D, 8 MiB ones at 0.7-0.8x.
-            mapped_window_bytes: 2 << 20,
+            // Measured on the reference machine (bench/results/
+            // 2026-12-01-h200-session6): 4 MiB windows in 4 MiB slots ran at
+            // 50.5-50.7 GB/s, 2 MiB ones at 47.3, 8 MiB ones (in 8 MiB
+            // slots) at 41-49.
+            mapped_window_bytes: 4 << 20,
             hot_threshold: 0.98,
             hot_probe_bytes: 512 << 20,
             hot_choice_file: None,
