@@ -202,8 +202,9 @@ def record(mode: str, shape: str, loader: str, rnd: int, **fields) -> dict:
 
 def load_in_child(ctx: Run, loader: str, mode: str, shape: str, rnd: int,
                   paths: list[str], expect: dict) -> list[dict]:
-    spec = {"loader": loader, "mode": mode, "paths": paths, "expect": expect, "device": ctx.args.device,
-            "warm_file": ctx.warm_file, "threads": ctx.args.threads}
+    # The child knows hot (shapes are hot loads too) and cold.
+    spec = {"loader": loader, "mode": "cold" if mode == "cold" else "hot", "paths": paths, "expect": expect,
+            "device": ctx.args.device, "warm_file": ctx.warm_file, "threads": ctx.args.threads}
     res = spawn(ctx, spec)
     if res.get("version"):
         ctx.versions[loader] = res["version"]
@@ -704,7 +705,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--h2d-copies", type=int, default=10, help="timed 1 GiB pinned H2D copies (default: 10)")
     p.add_argument("--time-limit", type=float, default=540,
                    help="start no round that would end after this many seconds of the run (default: 540)")
-    p.add_argument("--timeout", type=int, default=240, help="seconds allowed per child or command (default: 240)")
+    p.add_argument("--timeout", type=int, default=120, help="seconds allowed per load or raw read (default: 120)")
     p.add_argument("--device", default="cuda:0",
                    help="cuda:0, or cpu for a dry run of this script where there is no GPU (default: cuda:0)")
     p.add_argument("--json-out", metavar="PATH", help="write every run, versions and machine facts here (default: none)")
