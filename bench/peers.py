@@ -33,10 +33,11 @@ call until the tensors are usable on cuda:0 (torch.cuda.synchronize()):
   runai            runai_model_streamer.SafetensorsStreamer
   kvikio           kvikio.CuFile.read() of each whole file into a cupy buffer
 Cold runs use each loader's own default I/O (fastsafetensors and
-InstantTensor: O_DIRECT); hot runs switch loaders that default to O_DIRECT
-to buffered reads where the file is not on tmpfs.  Every load is checked
-against the headers (bytes, tensor count).  A loader that is missing or
-fails is reported in one line and the run carries on.
+InstantTensor: O_DIRECT); hot and shapes runs switch fastsafetensors to
+buffered reads, and InstantTensor too off tmpfs (on tmpfs it maps the file
+by default).  Every load is checked against the headers (bytes, tensor
+count).  A loader that is missing or fails is reported in one line and the
+run carries on.
 
 CPU s/GB: user + system CPU seconds of the loading process around the
 timed region (getrusage), over GB loaded; for the CLI, its own report
@@ -45,8 +46,13 @@ timed region (getrusage), over GB loaded; for the CLI, its own report
 Output: one table per section (best and median GB/s, ratio to pinned H2D,
 to the best peer or, for shapes, to the single file, CPU s/GB), then the
 targets and whether each was met; JSON with every run (--json-out, written
-after every section) and a PNG chart (--chart; needs matplotlib).  GB/s is
+after every round) and a PNG chart (--chart; needs matplotlib).  GB/s is
 decimal.  The parent needs only the standard library.
+
+Time: no round starts that would end past --time-limit, and no load starts
+past it (the device tool allows 600 s a call).  On the H200 (child start
+with torch ~4-5 s), 3 rounds: hot ~2.5 min, shapes ~3 min, cold ~5 min
+(3 GiB copies, disk ~2 GB/s; the full 40-configuration sweep is most of it).
 
 Examples (the GPU machine: scripts/gpu.sh device peers / peers-cold):
   python3 bench/peers.py /dev/shm/model.safetensors --modes hot,shapes \\
