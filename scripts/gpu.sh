@@ -5,12 +5,15 @@
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
-# Steps: warm (touch host memory before timing), info, tests, python, hot, cold, sweep, phases, peers, checkpoint, save, agent,
-# compare and compare-save (before/after a change: they need .before/zerohop,
-# see the README; run them in separate calls, each takes 7-8 minutes). The device tool call is:
+# Steps: warm (touch host memory before timing), info, tests, python, hot,
+# cold, sweep, phases, peers, peers-cold, checkpoint, save, agent, compare and
+# compare-save (before/after a change: they need .before/zerohop, see the
+# README; run them in separate calls, each takes 7-8 minutes). The device
+# tool call is:
 #   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
-# (add ".whl" to carry and "peers" to the steps for the peer loaders; fetch
-# their wheels first with bench/fetch-peer-wheels.sh).
+# (add ".whl" to carry for the peer loaders, and run "peers" and "peers-cold"
+# each in a call of its own, 5-6 minutes each; fetch the wheels first with
+# bench/fetch-peer-wheels.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -67,9 +70,20 @@ device() {
         export PYTHONPATH=/tmp/site
     }
     # The VM grows its memory on first touch (~0.6 s per GiB): touch it
-    # once, so no timed run pays for that.
+    # once, so no timed run pays for that. bench/peers.py does the same
+    # itself at its start (--warm-gib, 24 GiB by default), so the peers
+    # steps do not call this.
     warm_memory() {
-        python3 -c "import numpy as np; a = np.ones(${ZEROHOP_WARM_GIB:-40} << 30, np.uint8); print('warmed', a.nbytes >> 30, 'GiB')"
+        python3 bench/peers.py --warm-only --warm-gib "${ZEROHOP_WARM_GIB:-40}"
+    }
+    # bench/peers.py for one or more of its sections, output to
+    # $OUT/peers-NAME.{txt,json,png}; ZEROHOP_PEERS_ARGS adds options
+    # (e.g. "--rounds 5" or "--hot-loaders zerohop-py,instanttensor").
+    peers_run() {
+        local name=$1; shift
+        # shellcheck disable=SC2086 # ZEROHOP_PEERS_ARGS is a list of options
+        PYTHONUNBUFFERED=1 python3 bench/peers.py "$@" --zerohop .stage/bin/zerohop ${ZEROHOP_PEERS_ARGS:-} \
+            --json-out "$OUT/peers-$name.json" --chart "$OUT/peers-$name.png" | tee "$OUT/peers-$name.txt"
     }
     for step in "$@"; do
         echo "=== $step ($(date -u +%FT%TZ), commit $(cat .stage/commit))"
@@ -201,12 +215,20 @@ device() {
             done
             ;;
         peers)
-            ensure_hot; ensure_disk
+            # Peer loaders against zerohop on the tmpfs model, 3 rounds:
+            # hot (about 2.5 minutes), then shapes (shards, small tensors,
+            # FP8; about 3 minutes). Each run stops starting rounds at its
+            # --time-limit, so the step ends within the device tool's call.
+            start=$SECONDS
+            ensure_hot; install_wheels
+            peers_run hot $HOT --modes hot --time-limit 240
+            peers_run shapes $HOT --modes shapes --time-limit $((540 - (SECONDS - start)))
+            ;;
+        peers-cold)
+            # Cold loads and the raw-read sweep, a fresh 3 GiB copy on disk
+            # per load (about 5 minutes): a call of its own.
             install_wheels
-            # ZEROHOP_PEERS: a comma-separated subset of the peers (default: all).
-            only=(); [ -z "${ZEROHOP_PEERS:-}" ] || only=(--peers "$ZEROHOP_PEERS")
-            PYTHONUNBUFFERED=1 python3 bench/peers.py $HOT --modes hot "${only[@]}" --zerohop .stage/bin/zerohop --json-out "$OUT/peers-tmpfs.json" | tee "$OUT/peers-tmpfs.txt"
-            [ -n "${ZEROHOP_PEERS_HOT_ONLY:-}" ] || PYTHONUNBUFFERED=1 python3 bench/peers.py $DISK --modes cold --repeat 2 "${only[@]}" --zerohop .stage/bin/zerohop --json-out "$OUT/peers-disk.json" | tee "$OUT/peers-disk.txt"
+            peers_run cold --modes cold --time-limit 540
             ;;
         *) echo "unknown step $step"; exit 2 ;;
         esac

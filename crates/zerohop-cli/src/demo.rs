@@ -52,7 +52,7 @@ fn steps(a: &DemoArgs, dir: &Path) -> Result<()> {
         "== generating a {} transformer-shaped model",
         human_bytes(a.size.0)
     );
-    crate::gen::run(&model, a.size.0, 1)?;
+    crate::gen::run(&crate::gen::GenArgs::model(&model, a.size.0))?;
     println!("== loading it with verification");
     let args = LoadArgs {
         files: vec![model.clone()],

@@ -39,17 +39,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write a synthetic transformer-shaped safetensors model (bf16, random).
-    Gen {
-        /// Approximate size, e.g. 8GiB, 512MiB, 1G.
-        #[arg(long, value_parser = size::parse_size)]
-        size: u64,
-        /// Seed of the random values: the same seed and size give the same file.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// The safetensors file to write.
-        out: PathBuf,
-    },
+    /// Write a synthetic transformer-shaped safetensors model (random values):
+    /// bf16 or fp8, dense or of many small tensors, one file or shards.
+    Gen(gen::GenArgs),
     /// Load raw files or safetensors shards into device memory.
     Load(load::LoadArgs),
     /// Save, restore, verify, list and delete checkpoints of device memory.
@@ -77,7 +69,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { path, json } => info::run(path.as_deref(), json),
-        Command::Gen { size, seed, out } => gen::run(&out, size, seed),
+        Command::Gen(args) => gen::run(&args),
         Command::Load(args) => load::run(&args),
         Command::Checkpoint(cmd) => checkpoint::run(cmd),
         Command::Bench(cmd) => bench::run(cmd),

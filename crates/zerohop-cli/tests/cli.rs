@@ -153,6 +153,77 @@ fn bad_input_is_a_clear_error() {
     assert!(!out.status.success());
 }
 
+#[test]
+fn bench_raw_read_reads_every_byte_of_every_file() {
+    let (a, b) = (tmp("raw-a.safetensors"), tmp("raw-b.bin"));
+    assert!(zerohop(&["gen", "--size", "3MiB", a.to_str().unwrap()])
+        .status
+        .success());
+    std::fs::write(&b, vec![7u8; (1 << 20) + 123]).unwrap();
+    let len = |p: &Path| std::fs::metadata(p).unwrap().len();
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    for (block, threads, direct) in [
+        ("256KiB", "3", "never"),
+        ("1000", "1", "never"),
+        ("64KiB", "8", "always"),
+    ] {
+        let args = [
+            "bench",
+            "raw-read",
+            a,
+            b,
+            "--block",
+            block,
+            "--threads",
+            threads,
+            "--direct",
+            direct,
+            "--json",
+        ];
+        let out = zerohop(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if direct == "always" && err.contains("refuses O_DIRECT") {
+            continue; // the file system of the temporary directory does
+        }
+        assert!(out.status.success(), "{args:?}: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            v["bytes"].as_u64().unwrap(),
+            len(Path::new(a)) + len(Path::new(b))
+        );
+        assert_eq!(v["threads"].as_u64().unwrap().to_string(), threads);
+        assert_eq!(v["direct"], direct);
+        assert_eq!(v["backend"], "pread");
+        assert_eq!(v["files"].as_array().unwrap().len(), 2);
+        assert!(v["gbps"].as_f64().unwrap() > 0.0 && v["seconds"].as_f64().unwrap() > 0.0);
+        assert!(v["cpu_seconds"].as_f64().unwrap() >= 0.0);
+        assert!(v["cache_drop"].is_string());
+    }
+    let out = zerohop(&["bench", "raw-read", a, "--block", "1MiB"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("GB/s") && text.contains("block 1MiB"),
+        "{text}"
+    );
+
+    let missing = tmp("raw-missing.bin");
+    fails_with(
+        &["bench", "raw-read", a, missing.to_str().unwrap()],
+        "No such file",
+    );
+    fails_with(
+        &[
+            "bench", "raw-read", a, "--direct", "always", "--block", "1000",
+        ],
+        "multiple of 4096",
+    );
+    fails_with(&["bench", "raw-read", a, "--threads", "0"], "at least 1");
+    fails_with(
+        &["bench", "raw-read", env!("CARGO_TARGET_TMPDIR")],
+        "directory",
+    );
+}
+
 /// Root reads any file, so drop to `nobody` (with util-linux's setpriv) to
 /// see a real permission error. The binary and the file go to a directory
 /// anyone may enter (the checkout's own may not be); in CI a test that

@@ -2,7 +2,7 @@
 //! against, all measured in the same run: pinned host->device copy bandwidth
 //! and the raw read rate of the same file into host memory.
 
-use super::raw_io::{raw_read, warm};
+use super::raw_io::{raw_read, warm, RAW_BLOCK};
 use crate::common::{EngineArgs, HotArg};
 use crate::size::human_bytes;
 use clap::Args;
@@ -133,8 +133,9 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
     for &(backend, io) in modes {
         for t in [threads, 2 * threads, 4 * threads] {
             prepare()?;
-            match raw_read(&[&a.file], backend, io, t) {
-                Ok((name, gbps)) => {
+            match raw_read(&[&a.file], backend, io, t, RAW_BLOCK) {
+                Ok(r) => {
+                    let (name, gbps) = (r.backend, r.gbps);
                     say(format!("limit    raw read into host memory ({name}, {io:?}, {t} threads): {gbps:.2} GB/s"));
                     raw_reads.push(Limit {
                         name: format!("{name} {io:?} x{t}"),
@@ -155,10 +156,16 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
         prepare()?;
         let (read, copy) = std::thread::scope(|s| {
             let copier = s.spawn(|| h2d_probe.run(2 * H2dProbe::ROUNDS));
-            let read = raw_read(&[&a.file], BackendKind::Auto, IoMode::Buffered, threads);
+            let read = raw_read(
+                &[&a.file],
+                BackendKind::Auto,
+                IoMode::Buffered,
+                threads,
+                RAW_BLOCK,
+            );
             (read, copier.join().expect("H2D copier does not panic"))
         });
-        let (read, copy) = (read?.1, copy?);
+        let (read, copy) = (read?.gbps, copy?);
         say(format!("limit    both at once: raw read {read:.2} GB/s with pinned H2D copies running throughout (they averaged {copy:.2} GB/s over their longer run)"));
         drop(h2d_probe);
         contended = Some(Contended {

@@ -6,6 +6,7 @@ mod agent_stress;
 mod checkpoint;
 mod load;
 mod raw_io;
+mod raw_read;
 
 use clap::Subcommand;
 use zerohop::Result;
@@ -23,6 +24,10 @@ pub enum BenchCommand {
     /// Many client processes doing mixed reads and writes through one
     /// agent; every I/O is checked.
     AgentStress(agent_stress::BenchAgentStressArgs),
+    /// The raw read rate of files into host memory for one configuration:
+    /// dropped from the page cache, then read by THREADS blocking reads of
+    /// BLOCK bytes each from one in-order cursor.
+    RawRead(raw_read::BenchRawReadArgs),
     /// One client of `agent-stress` (run by it).
     #[command(hide = true)]
     AgentClient(agent_stress::AgentClientArgs),
@@ -34,6 +39,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Checkpoint(a) => checkpoint::run(&a),
         BenchCommand::Agent(a) => agent::bench(&a),
         BenchCommand::AgentStress(a) => agent_stress::stress(&a),
+        BenchCommand::RawRead(a) => raw_read::run(&a),
         BenchCommand::AgentClient(a) => agent_stress::client(&a),
     }
 }

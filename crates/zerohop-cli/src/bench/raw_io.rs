@@ -12,35 +12,67 @@ use zerohop::cache_drop::drop_from_page_cache;
 use zerohop::storage::{self, BackendKind, IoMode, SourceFile};
 use zerohop::{Error, Result};
 
+/// Bytes per read of the benchmarks' own raw reads.
+pub(super) const RAW_BLOCK: usize = 8 << 20;
+
 /// Reads the whole file once so it sits in the page cache.
 pub(super) fn warm(path: &Path) -> Result<()> {
-    raw_read(&[path], BackendKind::Pread, IoMode::Buffered, 4).map(|_| ())
+    raw_read(&[path], BackendKind::Pread, IoMode::Buffered, 4, RAW_BLOCK).map(|_| ())
 }
 
-/// Reads whole files into host memory (not the GPU) with `threads` readers
-/// taking 8 MiB pieces of any of them: the storage side's limit.
+/// What a raw read did.
+pub(super) struct RawRead {
+    /// The read backend (`io_uring`, `pread`).
+    pub backend: &'static str,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// Decimal: bytes / seconds / 1e9.
+    pub gbps: f64,
+    /// User + system CPU time of this process during the reads.
+    pub cpu_seconds: f64,
+}
+
+/// Reads whole files into host memory (not the GPU) with `threads`
+/// readers, each taking the next `block` bytes of the files in order from
+/// one shared cursor into a buffer of its own: the storage side's limit.
+/// With `IoMode::Direct`, `block` must be a multiple of 4096, and a file
+/// system that refuses O_DIRECT is an error.
 pub(super) fn raw_read(
     paths: &[&Path],
     backend: BackendKind,
     mode: IoMode,
     threads: usize,
-) -> Result<(&'static str, f64)> {
-    const CHUNK: u64 = 8 << 20;
+    block: usize,
+) -> Result<RawRead> {
+    let block = block.max(1);
+    if mode == IoMode::Direct && !(block as u64).is_multiple_of(zerohop::storage::DIRECT_ALIGN) {
+        return Err(Error::invalid(format!(
+            "O_DIRECT reads need a block size that is a multiple of {} bytes, not {block}",
+            zerohop::storage::DIRECT_ALIGN
+        )));
+    }
     let files: Vec<SourceFile> = paths
         .iter()
         .map(|p| SourceFile::open(p))
         .collect::<Result<_>>()?;
-    if mode == IoMode::Direct && !files.iter().all(|f| f.direct_capable()) {
-        return Err(Error::invalid("this file system refuses O_DIRECT"));
+    if mode == IoMode::Direct {
+        if let Some(f) = files.iter().find(|f| !f.direct_capable()) {
+            return Err(Error::invalid(format!(
+                "the file system of {} refuses O_DIRECT: read it buffered (--direct never)",
+                f.path().display()
+            )));
+        }
     }
     let backend =
         storage::backend(backend).map_err(|e| Error::io(paths[0], "no backend for", e))?;
+    let step = block as u64;
     let pieces: Vec<(usize, u64)> = files
         .iter()
         .enumerate()
-        .flat_map(|(i, f)| (0..f.len().div_ceil(CHUNK)).map(move |k| (i, k * CHUNK)))
+        .flat_map(|(i, f)| (0..f.len().div_ceil(step)).map(move |k| (i, k * step)))
         .collect();
     let next = AtomicUsize::new(0);
+    let cpu = zerohop::stats::cpu_seconds();
     let t = Instant::now();
     std::thread::scope(|s| -> Result<()> {
         let handles: Vec<_> = (0..threads.max(1))
@@ -49,11 +81,19 @@ pub(super) fn raw_read(
                     let mut reader = backend
                         .reader()
                         .map_err(|e| Error::io(paths[0], "cannot start reader for", e))?;
-                    let mut buf = AlignedBuf::new(CHUNK as usize);
+                    let mut buf = AlignedBuf::new(block);
                     while let Some(&(i, at)) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        reader
-                            .read_at(&files[i], mode, at, buf.as_mut_slice())
+                        let f = &files[i];
+                        let want = (f.len() - at).min(step) as usize;
+                        let got = reader
+                            .read_at(f, mode, at, &mut buf.as_mut_slice()[..want.next_multiple_of(direct_unit(mode))])
                             .map_err(|e| Error::io(paths[i], "read failed in", e))?;
+                        if got < want {
+                            return Err(Error::invalid(format!(
+                                "{}: short read, {got} of {want} bytes at offset {at} (the file shrank?)",
+                                paths[i].display()
+                            )));
+                        }
                     }
                     Ok(())
                 })
@@ -64,11 +104,24 @@ pub(super) fn raw_read(
                 .unwrap_or_else(|_| Err(Error::invalid("reader panicked")))
         })
     })?;
+    let seconds = t.elapsed().as_secs_f64();
     let bytes: u64 = files.iter().map(|f| f.len()).sum();
-    Ok((
-        backend.name(),
-        bytes as f64 / t.elapsed().as_secs_f64() / 1e9,
-    ))
+    Ok(RawRead {
+        backend: backend.name(),
+        bytes,
+        seconds,
+        gbps: bytes as f64 / seconds / 1e9,
+        cpu_seconds: zerohop::stats::cpu_seconds() - cpu,
+    })
+}
+
+/// The unit a read's length is rounded up to: O_DIRECT reads whole
+/// 4 KiB blocks (the kernel stops at the end of the file).
+fn direct_unit(mode: IoMode) -> usize {
+    match mode {
+        IoMode::Direct => zerohop::storage::DIRECT_ALIGN as usize,
+        IoMode::Buffered => 1,
+    }
 }
 
 /// A page-aligned heap buffer (O_DIRECT needs aligned memory).
@@ -218,8 +271,8 @@ pub(super) fn raw_read_files(paths: &[PathBuf], threads: usize) -> Result<(Strin
         IoMode::Buffered
     };
     let paths: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-    let (name, gbps) = raw_read(&paths, BackendKind::Auto, mode, threads)?;
-    Ok((format!("{name} {mode:?}"), gbps))
+    let r = raw_read(&paths, BackendKind::Auto, mode, threads, RAW_BLOCK)?;
+    Ok((format!("{} {mode:?}", r.backend), r.gbps))
 }
 
 /// Creates (or truncates) `path` for writing, with `extra` open flags.

@@ -13,4 +13,4 @@ pub use header::{
 };
 pub use load::{load_safetensors, Allocation, LoadedModel, LoadedTensor};
 pub use save::{layout, save_safetensors, FileLayout, TensorToSave};
-pub use synth::{transformer_shapes, write_synthetic, SyntheticTensor};
+pub use synth::{fill_random, transformer_shapes, write_synthetic, SyntheticTensor};

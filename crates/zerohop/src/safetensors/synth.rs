@@ -132,15 +132,43 @@ pub fn write_synthetic(
     Ok(header.len() as u64 + begin)
 }
 
+/// Fills `buf` with random finite values of `dtype` from the splitmix64
+/// stream `state` (as [`write_synthetic`] fills its tensors): the 8-bit
+/// float types get random bytes with no NaN or infinity; every other type
+/// gets the bf16 stream, which is finite bf16 pairwise and finite f32 (its
+/// high half is a finite bf16). Callers that fill a stream piece by piece
+/// get the same bytes as one call when every piece but the last is a
+/// multiple of 8 bytes.
+pub fn fill_random(dtype: Dtype, buf: &mut [u8], state: &mut u64) {
+    use Dtype::*;
+    match dtype {
+        F8_E5M2 | F8_E4M3 | F8_E8M0 | F8_E4M3FNUZ | F8_E5M2FNUZ => fill_fp8(buf, state),
+        _ => fill_bf16(buf, state),
+    }
+}
+
+/// The next splitmix64 value.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Random 8-bit floats: bit 6 (the top exponent bit in every fp8 format)
+/// cleared, so no byte is a NaN or an infinity.
+fn fill_fp8(buf: &mut [u8], state: &mut u64) {
+    for word in buf.chunks_mut(8) {
+        let b = (splitmix(state) & 0xBFBF_BFBF_BFBF_BFBF).to_le_bytes();
+        word.copy_from_slice(&b[..word.len()]);
+    }
+}
+
 /// Random finite bf16 values of magnitude 2^-8..2 (never NaN or infinity).
 fn fill_bf16(buf: &mut [u8], state: &mut u64) {
     for word in buf.chunks_mut(8) {
-        // splitmix64
-        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = splitmix(state);
         // Per 16-bit lane: keep sign and mantissa, force exponent 0x77..0x7F.
         let v = (z & 0x80FF_80FF_80FF_80FF)
             | 0x3B80_3B80_3B80_3B80
@@ -172,6 +200,19 @@ mod tests {
                 .count()
                 >= 1
         );
+    }
+
+    #[test]
+    fn fp8_values_are_finite_and_bf16_is_the_default_stream() {
+        let mut buf = vec![0u8; 4096];
+        fill_random(Dtype::F8_E4M3, &mut buf, &mut 7);
+        // E4M3's only NaNs are S.1111.111: never with bit 6 clear.
+        assert!(buf.iter().all(|b| b & 0x40 == 0));
+        assert!(buf.iter().any(|&b| b != 0));
+        let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 100]);
+        fill_random(Dtype::BF16, &mut a, &mut 3);
+        fill_bf16(&mut b, &mut 3);
+        assert_eq!(a, b);
     }
 
     #[test]

@@ -1,0 +1,182 @@
+"""bench/peers.py's report part on synthetic results (no GPU, no torch):
+the tables' ratios, the target verdicts, the JSON and the chart; and the
+script's --help without torch."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import peers_report as report  # noqa: E402
+
+H2D = 50.0
+
+
+def run(mode, loader, gbps, rnd=1, shape="single", config=None, cpu=0.5, **extra):
+    """A successful run record of 8 GB at `gbps`."""
+    nbytes = 8_000_000_000
+    r = {"mode": mode, "shape": shape, "loader": loader, "round": rnd, "bytes": nbytes,
+         "seconds": nbytes / gbps / 1e9, "gbps": gbps, "cpu_seconds": cpu * 8, "extra": extra}
+    if config:
+        r["config"] = config
+    return r
+
+
+def failed(mode, loader, error, rnd=1, shape="single"):
+    return {"mode": mode, "shape": shape, "loader": loader, "round": rnd, "error": error}
+
+
+def raw(gbps, block="1MiB", threads=32, direct="always", rnd=1):
+    return run("cold", "raw-read", gbps, rnd, config={"block": block, "threads": threads, "direct": direct}, cpu=0.1)
+
+
+@pytest.fixture
+def runs():
+    rs = []
+    for rnd, (py, cli, it, fst) in enumerate([(46.0, 45.0, 40.0, 30.0), (44.0, 44.5, 41.0, 31.0),
+                                              (40.0, 43.0, 39.0, 29.0)], start=1):
+        rs += [run("hot", "zerohop-py", py, rnd), run("hot", "zerohop-cli", cli, rnd, staging_bytes=128 << 20),
+               run("hot", "zerohop-cli-process", cli / 2, rnd, cpu=1.0),
+               run("hot", "instanttensor", it, rnd), run("hot", "fastsafetensors", fst, rnd)]
+    rs.append(failed("hot", "kvikio", "not installed: No module named 'kvikio'"))
+    # Cold: the sweep in full in round 1, then its best; fastsafetensors slower than raw.
+    rs += [raw(2.0), raw(1.5, block="8MiB"), raw(2.1, threads=64), raw(1.0, direct="never")]
+    rs += [raw(2.2, threads=64, rnd=2), raw(1.9, rnd=2)]
+    for rnd, py in enumerate([2.3, 2.4], start=1):
+        rs += [run("cold", "zerohop-py", py, rnd), run("cold", "fastsafetensors", 1.8, rnd)]
+    # Shapes: zerohop-py holds up on shards and small tensors, not on fp8.
+    for shape, factor in [("single", 1.0), ("shards", 0.95), ("small", 0.92), ("fp8", 0.8)]:
+        rs += [run("shapes", "zerohop-py", 40.0 * factor, shape=shape),
+               run("shapes", "instanttensor", 38.0 * factor, shape=shape)]
+    return rs
+
+
+def rows_by_loader(rows):
+    return {r["loader"]: r for r in rows}
+
+
+def test_hot_table_ratios_and_order(runs):
+    rows = report.mode_rows(runs, "hot", H2D)
+    assert [r["loader"] for r in rows] == ["zerohop-py", "zerohop-cli", "zerohop-cli-process",
+                                           "instanttensor", "fastsafetensors", "kvikio"]
+    by = rows_by_loader(rows)
+    py = by["zerohop-py"]
+    assert py["best_gbps"] == 46.0 and py["median_gbps"] == 44.0 and py["runs"] == 3
+    assert py["ratio_h2d"] == pytest.approx(46.0 / H2D)
+    # The best peer is the fastest loader not zerohop's: InstantTensor, 41.
+    assert py["ratio_best_peer"] == pytest.approx(46.0 / 41.0)
+    assert by["instanttensor"]["ratio_best_peer"] == pytest.approx(1.0)
+    assert by["zerohop-cli-process"]["cpu_s_per_gb"] == pytest.approx(1.0)
+    assert by["kvikio"]["failed"] == 1 and "best_gbps" not in by["kvikio"]
+
+    table = report.format_table("hot", rows, H2D)
+    lines = table.splitlines()
+    assert "pinned H2D 50.00 GB/s" in lines[0]
+    assert "| loader | best GB/s | median GB/s | / pinned H2D | / best peer | CPU s/GB | runs |" in table
+    assert "| zerohop-py | 46.00 | 44.00 | 0.92 | 1.12 | 0.500 | 3 |" in table
+    assert "| KvikIO (compat) | failed |" in table
+    assert "- KvikIO (compat): not installed: No module named 'kvikio'" in table
+
+
+def test_cold_best_peer_includes_the_raw_read_sweep(runs):
+    rows = report.mode_rows(runs, "cold", H2D)
+    raw_rows = [r for r in rows if r["loader"] == "raw-read"]
+    assert len(raw_rows) == 1  # the sweep is one row: its best configuration
+    best = raw_rows[0]
+    assert best["config"] == {"block": "1MiB", "threads": 64, "direct": "always"}
+    assert best["best_gbps"] == 2.2 and best["median_gbps"] == pytest.approx(2.15)
+    assert best["label"] == "raw read, best config (1MiB x64 O_DIRECT)"
+    py = rows_by_loader(rows)["zerohop-py"]
+    assert py["ratio_best_peer"] == pytest.approx(2.4 / 2.2)
+    assert "raw read, best config (1MiB x64 O_DIRECT) | 2.20 |" in report.format_table("cold", rows, H2D)
+
+
+def test_shape_rows_compare_with_the_same_loaders_single_file(runs):
+    rows = report.shape_rows(runs, H2D)
+    assert rows[0]["shape"] == "single"
+    get = {(r["shape"], r["loader"]): r for r in rows}
+    assert get[("shards", "zerohop-py")]["ratio_single"] == pytest.approx(0.95)
+    assert get[("fp8", "instanttensor")]["ratio_single"] == pytest.approx(0.8)
+    table = report.format_table("shapes", rows, H2D)
+    assert "/ single file" in table and "| fp8 / zerohop-py | 32.00 |" in table
+
+
+def test_target_verdicts(runs):
+    targets = report.evaluate_targets(runs, H2D)
+    lines = [report.target_line(t) for t in targets]
+    text = "\n".join(lines)
+    assert "hot: zerohop-py / InstantTensor (copy=False) = 1.12 (target >= 1.10): met" in text
+    assert "hot: zerohop-py / pinned H2D = 0.92 (target >= 0.90): met" in text
+    assert "hot: zerohop CLI (own timer) / zerohop-py = 0.98 (target within 5% of 1): met" in text
+    assert ("cold: zerohop-py / best of fastsafetensors and the raw-read sweep (raw read, best config "
+            "(1MiB x64 O_DIRECT)) = 1.09 (target >= 1.05): met") in text
+    assert "shapes: zerohop-py, shards / single file = 0.95 (target >= 0.90): met" in text
+    assert "shapes: zerohop-py, small / single file = 0.92 (target >= 0.90): met" in text
+    assert "shapes: zerohop-py, fp8 / single file = 0.80 (target >= 0.90): NOT met" in text
+    assert "host staging, largest the zerohop CLI reported (MiB) = 128 (target <= 256): met" in text
+    met = {t["name"]: t["met"] for t in targets}
+    assert met["zerohop-py, fp8 / single file"] is False
+
+
+def test_targets_say_what_was_not_measured():
+    runs = [run("hot", "zerohop-py", 30.0), failed("hot", "instanttensor", "RuntimeError: boom"),
+            run("hot", "zerohop-cli", 36.0)]
+    lines = [report.target_line(t) for t in report.evaluate_targets(runs, None)]
+    assert lines[0] == ("hot: zerohop-py / InstantTensor (copy=False) (target >= 1.10): "
+                        "not measured (InstantTensor (copy=False) failed: RuntimeError: boom)")
+    assert lines[1].endswith("not measured (pinned H2D not measured)")
+    # The CLI 20 % faster than Python is outside 5 % too.
+    assert lines[2] == "hot: zerohop CLI (own timer) / zerohop-py = 1.20 (target within 5% of 1): NOT met"
+
+
+def test_json_document_round_trips(tmp_path, runs):
+    s = report.summary(runs, H2D)
+    assert set(s) == {"rows", "raw_read_sweep", "targets"}
+    assert list(s["rows"]) == ["hot", "cold", "shapes"]
+    assert [c["best_gbps"] for c in s["raw_read_sweep"]] == [2.2, 2.0, 1.5, 1.0]
+    path = tmp_path / "peers.json"
+    report.write_json(str(path), {"runs": runs, "summary": s, "h2d": {"best_gbps": H2D}})
+    back = json.loads(path.read_text())
+    assert back["summary"]["rows"]["hot"][0]["loader"] == "zerohop-py"
+    assert back["summary"]["targets"][0]["met"] is True
+    assert len(back["runs"]) == len(runs)
+    assert not (tmp_path / "peers.json.tmp").exists()
+
+
+def test_chart_is_written_when_matplotlib_is_there(tmp_path, runs):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "peers.png"
+    said = report.write_chart(str(path), report.summary(runs, H2D)["rows"], H2D, "test")
+    assert said == f"wrote {path}"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_chart_without_matplotlib_is_skipped_with_a_reason(tmp_path, runs, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    said = report.write_chart(str(tmp_path / "x.png"), report.summary(runs, H2D)["rows"], H2D)
+    assert said.startswith("chart skipped: matplotlib is not installed")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_peers_help_runs_without_torch():
+    env = dict(os.environ, PYTHONPATH="")
+    # -S: no site-packages, so no torch, whatever this Python has.
+    out = subprocess.run([sys.executable, "-S", str(BENCH / "peers.py"), "--help"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--modes" in out.stdout and "--sweep-blocks" in out.stdout and "--warm-gib" in out.stdout
+
+
+def test_peers_refuses_bad_options_in_one_line():
+    out = subprocess.run([sys.executable, "-S", str(BENCH / "peers.py"), "--modes", "warm"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "hot, shapes, cold" in out.stderr
+    out = subprocess.run([sys.executable, "-S", str(BENCH / "peers.py"), "--modes", "hot"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "need FILE" in out.stderr
