@@ -6,7 +6,7 @@
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
 # Steps: warm (touch host memory before timing), info, tests, python, hot,
-# cold, sweep, phases, peers, peers-cold, checkpoint, save, agent, compare and
+# cold, sweep, cold-sweep, phases, peers, peers-cold, checkpoint, save, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
 # tool call is:
@@ -130,6 +130,38 @@ device() {
             for args in "${configs[@]}"; do
                 r=$(zerohop load $HOT --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); p=s["profile"]; w=p["worker_seconds"] or 1; print("%6.2f GB/s cpu %.2fs read %2.0f%% wait %2.0f%%" % (s["gbps"], s["cpu_seconds"], 100*p["io_seconds"]/w, 100*p["copy_wait_seconds"]/w))')
                 echo "sweep  $r  ${ZEROHOP_SWEEP_LABEL:-} $args" | tee -a "$OUT/sweep.txt"
+            done
+            ;;
+        cold-sweep)
+            # Cold settings, each on a fresh 3 GiB file on disk (all written
+            # before any is read, caches dropped before each read), loads
+            # and raw reads taking turns: ZEROHOP_COLD_LOADS and
+            # ZEROHOP_COLD_RAW are ';'-separated option sets for
+            # `zerohop load` and `zerohop bench raw-read`.
+            IFS=';' read -ra loads <<< "${ZEROHOP_COLD_LOADS:-}"
+            IFS=';' read -ra raws <<< "${ZEROHOP_COLD_RAW:-}"
+            runs=()
+            for k in $(seq 0 $(( ${#loads[@]} > ${#raws[@]} ? ${#loads[@]} : ${#raws[@]} ))); do
+                [ -n "${loads[$k]:-}" ] && runs+=("load ${loads[$k]}")
+                [ -n "${raws[$k]:-}" ] && runs+=("raw ${raws[$k]}")
+            done
+            for i in "${!runs[@]}"; do
+                zerohop gen --size 3GiB --seed $((100 + i)) /var/tmp/zerohop-cold-$i.safetensors > /dev/null &
+                [ $(( (i + 1) % 4 )) = 0 ] && wait
+            done
+            wait; sync
+            for i in "${!runs[@]}"; do
+                f=/var/tmp/zerohop-cold-$i.safetensors kind=${runs[$i]%% *} args=${runs[$i]#* }
+                sync; echo 3 > /proc/sys/vm/drop_caches
+                if [ "$kind" = load ]; then
+                    # shellcheck disable=SC2086 # option sets
+                    r=$(zerohop load $f --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); print("%5.2f GB/s cpu %.2f s" % (s["gbps"], s["cpu_seconds"]))')
+                else
+                    # shellcheck disable=SC2086
+                    r=$(zerohop bench raw-read $f --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); print("%5.2f GB/s cpu %.2f s" % (s["gbps"], s["cpu_seconds"]))')
+                fi
+                echo "cold  $kind  $r  $args" | tee -a "$OUT/cold-sweep.txt"
+                rm -f "$f"
             done
             ;;
         phases)
