@@ -47,12 +47,17 @@ def _load(
     wanted = list(wanted)
     made = _buffers.empty_many(framework, [(t.dtype, t.shape, t.end - t.begin) for t in wanted], device)
     out: Dict[str, Any] = {}
-    pieces = []
+    pieces: List[List[int]] = []
     for t, x in zip(wanted, made):
         out[t.name] = x
-        pieces.append((t.file, t.begin, t.end - t.begin, _buffers.address(x)))
+        addr, n = _buffers.address(x), t.end - t.begin
+        last = pieces[-1] if pieces else None
+        if last and last[0] == t.file and last[1] + last[2] == t.begin and last[3] + last[2] == addr:
+            last[2] += n  # next in the file and in memory: one piece (a block's tensors often are)
+        else:
+            pieces.append([t.file, t.begin, n, addr])
     if pieces:
-        _native.read(device, list(paths), pieces, _buffers.current_stream(device), progress)
+        _native.read(device, list(paths), [tuple(p) for p in pieces], _buffers.current_stream(device), progress)
     return out
 
 
