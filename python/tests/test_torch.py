@@ -215,7 +215,7 @@ def test_small_tensors_share_blocks_and_save_like_any_tensors(tmp_path):
     st_torch.save_file(tensors, str(path))
     loaded = zerohop.load_file(path, device="cuda:0")
     storages = {t.untyped_storage().data_ptr() for t in loaded.values() if t.numel()}
-    assert len(storages) == 1, "the small tensors are views of one block"
+    assert len(storages) == 1, "the small tensors, of every dtype, are views of one block"
     # Disjoint views save as separate tensors, with safetensors and zerohop.
     for save in (st_torch.save_file, zerohop.save_file):
         again = tmp_path / "again.safetensors"

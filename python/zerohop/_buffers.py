@@ -258,28 +258,30 @@ def empty(framework: str, dtype: str, shape: Sequence[int], device: str):
 # Tensors loaded into GPU memory share blocks of up to this many bytes (a
 # larger one has its own): a fresh allocation costs tens of microseconds
 # (about 10 ms of a 0.18 s load of 174 tensors on the H200 went to them),
-# and a tensor freed alone keeps at most one block alive. A block holds one
-# dtype, so one split makes every tensor of it (each torch call costs
+# and a tensor freed alone keeps at most one block alive. The tensors of one
+# dtype in a block are made by one split of it (each torch call costs
 # microseconds, which add up over a model of thousands of small tensors).
 BLOCK_BYTES = 256 << 20
 # Where each tensor starts in its block, as torch's allocator aligns.
 _BLOCK_ALIGN = 512
+# Block lengths are a multiple of this (the largest element size), so a
+# block can be viewed as any dtype.
+_BLOCK_ROUND = 16
 
 
-def plan_blocks(specs: Sequence[Tuple[Any, int]], block_bytes: int) -> List[Optional[Tuple[int, int]]]:
-    """Where each (kind, bytes) of `specs` goes: (block number, offset).
-    Blocks fill in order; each holds one kind and at most `block_bytes`;
-    each start is aligned. None for 0 bytes or at least `block_bytes`
-    (allocated alone)."""
+def plan_blocks(sizes: Sequence[int], block_bytes: int) -> List[Optional[Tuple[int, int]]]:
+    """Where each of `sizes` (bytes) goes: (block number, offset), blocks
+    filled in order, each start aligned, no block over `block_bytes`; None
+    for a size of 0 or of at least `block_bytes` (allocated alone)."""
     places: List[Optional[Tuple[int, int]]] = []
-    block, used, kind = -1, block_bytes, None
-    for k, n in specs:
+    block, used = -1, block_bytes
+    for n in sizes:
         if n == 0 or n >= block_bytes:
             places.append(None)
             continue
         at = -(-used // _BLOCK_ALIGN) * _BLOCK_ALIGN
-        if at + n > block_bytes or k != kind:
-            block, at, kind = block + 1, 0, k
+        if at + n > block_bytes:
+            block, at = block + 1, 0
         places.append((block, at))
         used = at + n
     return places
@@ -292,30 +294,35 @@ def empty_many(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], 
     torch = _torch()
     if framework != "pt" or torch is None or not device.startswith("cuda"):
         return [empty(framework, dtype, shape, device) for dtype, shape, _ in specs]
-    places = plan_blocks([(dtype, n) for dtype, _, n in specs], BLOCK_BYTES)
-    # Each block's members as (index, offset), in order.
-    members: Dict[int, List[Tuple[int, int]]] = {}
+    places = plan_blocks([n for _, _, n in specs], BLOCK_BYTES)
+    # Each block's members by dtype, as (index, offset) in order.
+    blocks: Dict[int, Dict[str, List[Tuple[int, int]]]] = {}
     for i, place in enumerate(places):
         if place is not None:
-            members.setdefault(place[0], []).append((i, place[1]))
+            blocks.setdefault(place[0], {}).setdefault(specs[i][0], []).append((i, place[1]))
     out: List[Any] = [None] * len(specs)
-    for group in members.values():
-        dtype = torch_dtype(specs[group[0][0]][0])
-        size = dtype.itemsize
-        # Element counts of the members and of the gaps before them (only
-        # where there is one: every part is a tensor to make).
-        parts: List[int] = []
-        kept: List[int] = []  # which parts are members
-        at = 0
-        for i, offset in group:
-            if offset > at:
-                parts.append((offset - at) // size)
-            kept.append(len(parts))
-            parts.append(specs[i][2] // size)
-            at = offset + specs[i][2]
-        pieces = torch.empty(sum(parts), dtype=dtype, device=device).split(parts)
-        for (i, _), k in zip(group, kept):
-            out[i] = pieces[k].view(storage_shape(specs[i][0], specs[i][1]))
+    for by_dtype in blocks.values():
+        end = max(at + specs[i][2] for members in by_dtype.values() for i, at in members)
+        raw = torch.empty(-(-end // _BLOCK_ROUND) * _BLOCK_ROUND, dtype=torch.uint8, device=device)
+        for name, members in by_dtype.items():
+            typed = raw.view(torch_dtype(name))
+            size = typed.element_size()
+            # Element counts of the members and of what lies between them,
+            # so that one split covers the whole block.
+            parts: List[int] = []
+            kept: List[int] = []  # which parts are members
+            at = 0
+            for i, offset in members:
+                if offset > at:
+                    parts.append((offset - at) // size)
+                kept.append(len(parts))
+                parts.append(specs[i][2] // size)
+                at = offset + specs[i][2]
+            if raw.numel() > at:
+                parts.append((raw.numel() - at) // size)
+            pieces = typed.split(parts)
+            for (i, _), k in zip(members, kept):
+                out[i] = pieces[k].view(storage_shape(name, specs[i][1]))
     for i, place in enumerate(places):
         if place is None:
             out[i] = empty(framework, specs[i][0], specs[i][1], device)
