@@ -222,3 +222,20 @@ def test_small_tensors_share_blocks_and_save_like_any_tensors(tmp_path):
         save(loaded, str(again))
         back = st_torch.load_file(str(again))
         assert all(bits(back[n]) == bits(t) for n, t in tensors.items())
+
+
+def test_tensors_in_shared_blocks_load_exactly(tmp_path, monkeypatch):
+    """The block layout GPU loads use, on the CPU: tensors of every dtype
+    packed into one block and read as pieces that span several of them."""
+    monkeypatch.setattr(zerohop._buffers, "shares_blocks", lambda framework, device: framework == "pt")
+    tensors = model_tensors()
+    # Whole multiples of the block alignment, next to each other in the
+    # file: read as one piece.
+    tensors.update({f"run.{i}": torch.full((128,), float(i)) for i in range(4)})
+    path = tmp_path / "m.safetensors"
+    st_torch.save_file(tensors, str(path))
+    loaded = zerohop.load_file(path, device="cpu")
+    assert len({t.untyped_storage().data_ptr() for t in loaded.values() if t.numel()}) == 1
+    for name, t in tensors.items():
+        assert loaded[name].dtype == t.dtype and loaded[name].shape == t.shape
+        assert bits(loaded[name]) == bits(t), name

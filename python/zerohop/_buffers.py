@@ -287,13 +287,22 @@ def plan_blocks(sizes: Sequence[int], block_bytes: int) -> List[Optional[Tuple[i
     return places
 
 
-def empty_many(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], device: str) -> List[Any]:
-    """`empty` for each (dtype, shape, bytes) of `specs`, in order. Torch
-    tensors in GPU memory share blocks of up to `BLOCK_BYTES` (disjoint
-    views of one allocation each); everything else is allocated alone."""
+def shares_blocks(framework: str, device: str) -> bool:
+    """Whether `empty_many` packs tensors into blocks: torch tensors in GPU
+    memory (host memory is cheap to allocate tensor by tensor)."""
+    return framework == "pt" and device.startswith("cuda") and _torch() is not None
+
+
+def empty_many(
+    framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], device: str
+) -> Tuple[List[Any], List[Optional[int]]]:
+    """`empty` for each (dtype, shape, bytes) of `specs`, in order, and the
+    block each is in (None: allocated alone). Torch tensors in GPU memory
+    share blocks of up to `BLOCK_BYTES` (disjoint views of one allocation
+    each); everything else is allocated alone."""
+    if not shares_blocks(framework, device):
+        return [empty(framework, dtype, shape, device) for dtype, shape, _ in specs], [None] * len(specs)
     torch = _torch()
-    if framework != "pt" or torch is None or not device.startswith("cuda"):
-        return [empty(framework, dtype, shape, device) for dtype, shape, _ in specs]
     places = plan_blocks([n for _, _, n in specs], BLOCK_BYTES)
     # Each block's members by dtype, as (index, offset) in order.
     blocks: Dict[int, Dict[str, List[Tuple[int, int]]]] = {}
@@ -326,7 +335,7 @@ def empty_many(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], 
     for i, place in enumerate(places):
         if place is None:
             out[i] = empty(framework, specs[i][0], specs[i][1], device)
-    return out
+    return out, [None if place is None else place[0] for place in places]
 
 
 def address(t: Any) -> int:

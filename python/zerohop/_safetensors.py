@@ -45,17 +45,23 @@ def _load(
     small ones share blocks: see `_buffers.empty_many`), then fills them all
     in one engine call."""
     wanted = list(wanted)
-    made = _buffers.empty_many(framework, [(t.dtype, t.shape, t.end - t.begin) for t in wanted], device)
+    made, blocks = _buffers.empty_many(framework, [(t.dtype, t.shape, t.end - t.begin) for t in wanted], device)
     out: Dict[str, Any] = {}
     pieces: List[List[int]] = []
-    for t, x in zip(wanted, made):
+    last_block = None
+    for t, x, block in zip(wanted, made, blocks):
         out[t.name] = x
         addr, n = _buffers.address(x), t.end - t.begin
         last = pieces[-1] if pieces else None
-        if last and last[0] == t.file and last[1] + last[2] == t.begin and last[3] + last[2] == addr:
-            last[2] += n  # next in the file and in memory: one piece (a block's tensors often are)
+        # Tensors of one block that follow each other in the file and in
+        # memory are one piece for the engine (a copy never spans two
+        # allocations).
+        if block is not None and block == last_block and last[0] == t.file \
+                and last[1] + last[2] == t.begin and last[3] + last[2] == addr:
+            last[2] += n
         else:
             pieces.append([t.file, t.begin, n, addr])
+        last_block = block
     if pieces:
         _native.read(device, list(paths), [tuple(p) for p in pieces], _buffers.current_stream(device), progress)
     return out
