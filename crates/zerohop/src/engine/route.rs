@@ -42,8 +42,8 @@ pub(super) enum FileRoute {
 /// The note a transfer carries when page-cache DMA was asked for on a device
 /// that copies with the CPU.
 pub(super) const NO_DMA_NOTE: &str = "page-cache DMA needs a device that copies by DMA (a GPU); \
-     this one copies with the CPU, which a file truncated during the load would crash, \
-     so the files took the mapped-copy route";
+     this one copies with the CPU, so files in the page cache took the mapped-copy route \
+     (the same CPU copy, out of the file's mapping)";
 
 impl Engine {
     /// The route for a file: for files in the page cache, per `hot_route`
