@@ -77,8 +77,10 @@ def load_file(
     `safetensors.torch.load_file` does, straight into `device` ('cpu' or
     'host', 'cuda', 'cuda:N', an index, or 'auto': the first GPU, else host
     memory). Tensors are allocated by torch and ready
-    on the current CUDA stream on return; `framework="np"` gives numpy
-    arrays instead (host memory only; torch need not be installed), as
+    on the current CUDA stream on return; on a GPU, tensors under 256 MiB
+    share blocks of up to 256 MiB (disjoint views of one allocation, freed
+    when all of them are). `framework="np"` gives numpy arrays instead (host
+    memory only; torch need not be installed), as
     `safetensors.numpy.load_file` does."""
     paths = [os.fspath(filename)] if isinstance(filename, (str, os.PathLike)) else [os.fspath(p) for p in filename]
     device = _buffers.device_name(device)
