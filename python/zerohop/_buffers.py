@@ -293,15 +293,22 @@ def shares_blocks(framework: str, device: str) -> bool:
     return framework == "pt" and device.startswith("cuda") and _torch() is not None
 
 
-def empty_many(
-    framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], device: str
-) -> Tuple[List[Any], List[Optional[int]]]:
-    """`empty` for each (dtype, shape, bytes) of `specs`, in order, and the
-    block each is in (None: allocated alone). Torch tensors in GPU memory
-    share blocks of up to `BLOCK_BYTES` (disjoint views of one allocation
-    each); everything else is allocated alone."""
+class Made(NamedTuple):
+    """What `empty_many` made: the tensors, their addresses, and the block
+    each is in (None: allocated alone)."""
+
+    tensors: List[Any]
+    addresses: List[int]
+    blocks: List[Optional[int]]
+
+
+def empty_many(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], device: str) -> Made:
+    """`empty` for each (dtype, shape, bytes) of `specs`, in order. Torch
+    tensors in GPU memory share blocks of up to `BLOCK_BYTES` (disjoint
+    views of one allocation each); everything else is allocated alone."""
     if not shares_blocks(framework, device):
-        return [empty(framework, dtype, shape, device) for dtype, shape, _ in specs], [None] * len(specs)
+        alone = [empty(framework, dtype, shape, device) for dtype, shape, _ in specs]
+        return Made(alone, [address(t) for t in alone], [None] * len(specs))
     torch = _torch()
     places = plan_blocks([n for _, _, n in specs], BLOCK_BYTES)
     # Each block's members by dtype, as (index, offset) in order.
@@ -310,12 +317,15 @@ def empty_many(
         if place is not None:
             blocks.setdefault(place[0], {}).setdefault(specs[i][0], []).append((i, place[1]))
     out: List[Any] = [None] * len(specs)
+    addresses = [0] * len(specs)
     for by_dtype in blocks.values():
         end = max(at + specs[i][2] for members in by_dtype.values() for i, at in members)
         raw = torch.empty(-(-end // _BLOCK_ROUND) * _BLOCK_ROUND, dtype=torch.uint8, device=device)
+        base = raw.data_ptr()
         for name, members in by_dtype.items():
             typed = raw.view(torch_dtype(name))
             size = typed.element_size()
+            packed = name in _PACKED
             # Element counts of the members and of what lies between them,
             # so that one split covers the whole block.
             parts: List[int] = []
@@ -330,12 +340,19 @@ def empty_many(
             if raw.numel() > at:
                 parts.append((raw.numel() - at) // size)
             pieces = typed.split(parts)
-            for (i, _), k in zip(members, kept):
-                out[i] = pieces[k].view(storage_shape(name, specs[i][1]))
+            for (i, offset), k in zip(members, kept):
+                shape = specs[i][1]
+                if packed:
+                    shape = storage_shape(name, shape)
+                # A split part is one-dimensional already (one torch call
+                # less per bias or norm).
+                out[i] = pieces[k] if len(shape) == 1 else pieces[k].view(shape)
+                addresses[i] = base + offset
     for i, place in enumerate(places):
         if place is None:
             out[i] = empty(framework, specs[i][0], specs[i][1], device)
-    return out, [None if place is None else place[0] for place in places]
+            addresses[i] = address(out[i])
+    return Made(out, addresses, [None if place is None else place[0] for place in places])
 
 
 def address(t: Any) -> int:

@@ -45,20 +45,19 @@ def _load(
     small ones share blocks: see `_buffers.empty_many`), then fills them all
     in one engine call."""
     wanted = list(wanted)
-    made, blocks = _buffers.empty_many(framework, [(t.dtype, t.shape, t.end - t.begin) for t in wanted], device)
+    made = _buffers.empty_many(framework, [(t.dtype, t.shape, t.end - t.begin) for t in wanted], device)
     out: Dict[str, Any] = {}
     pieces: List[List[int]] = []
     last_block = None
-    for t, x, block in zip(wanted, made, blocks):
+    for t, x, addr, block in zip(wanted, made.tensors, made.addresses, made.blocks):
         out[t.name] = x
-        addr, n = _buffers.address(x), t.end - t.begin
-        last = pieces[-1] if pieces else None
+        n = t.end - t.begin
         # Tensors of one block that follow each other in the file and in
         # memory are one piece for the engine (a copy never spans two
         # allocations).
-        if block is not None and block == last_block and last[0] == t.file \
-                and last[1] + last[2] == t.begin and last[3] + last[2] == addr:
-            last[2] += n
+        if block is not None and block == last_block and pieces[-1][0] == t.file \
+                and pieces[-1][1] + pieces[-1][2] == t.begin and pieces[-1][3] + pieces[-1][2] == addr:
+            pieces[-1][2] += n
         else:
             pieces.append([t.file, t.begin, n, addr])
         last_block = block
