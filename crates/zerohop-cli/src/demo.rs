@@ -1,6 +1,6 @@
 //! `zerohop demo`: generate a model, load it, checkpoint it and restore it,
 //! in a working directory of its own that is removed at the end (on an
-//! error too) unless `--keep` is given.
+//! error, or Ctrl-C, too) unless `--keep` is given.
 
 use crate::checkpoint;
 use crate::common::EngineArgs;
@@ -29,6 +29,9 @@ pub struct DemoArgs {
 pub fn run(a: &DemoArgs) -> Result<()> {
     let parent = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     let work = WorkDir::create(&parent, a.keep)?;
+    if !a.keep {
+        remove_on_interrupt(work.path.clone())?;
+    }
     println!(
         "== working in {} ({})",
         work.path.display(),
@@ -74,6 +77,54 @@ fn steps(a: &DemoArgs, dir: &Path) -> Result<()> {
         false,
     )?;
     checkpoint::restore(&engine, &ck, &[model], false)
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM removes `dir` and ends the process with the
+/// shell's status for the signal (128 + its number). The signals are
+/// blocked in this thread before the engine's threads start (they inherit
+/// the mask), and one thread of its own waits for them.
+fn remove_on_interrupt(dir: PathBuf) -> Result<()> {
+    // SAFETY: `set` is initialised by sigemptyset before use, and
+    // pthread_sigmask only changes this thread's mask.
+    let set = unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(Error::io(
+                &dir,
+                "cannot block SIGINT for",
+                std::io::Error::from_raw_os_error(rc),
+            ));
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("demo-interrupt".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: waits for one of the signals blocked above.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+                // Again if a step still running wrote into it meanwhile.
+                for _ in 0..3 {
+                    if std::fs::remove_dir_all(&dir).is_ok() {
+                        break;
+                    }
+                }
+                eprintln!("\n== interrupted: removed {}", dir.display());
+                std::process::exit(128 + sig);
+            }
+        })
+        .map_err(|e| {
+            Error::io(
+                Path::new("."),
+                "cannot start the demo's signal thread in",
+                e,
+            )
+        })?;
+    Ok(())
 }
 
 /// The demo's own directory, made anew (never one that existed) so that

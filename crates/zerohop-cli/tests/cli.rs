@@ -353,6 +353,43 @@ fn demo_leaves_nothing_behind() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
 }
 
+/// Ctrl-C during the demo removes its directory too, and the exit status
+/// says the demo was interrupted.
+#[test]
+fn an_interrupted_demo_leaves_nothing_behind() {
+    let dir = tmp("demo-interrupted");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zerohop"))
+        .args(["demo", "--size", "1GiB", "--device", "host", "--dir"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while std::fs::read_dir(&dir).unwrap().next().is_none() {
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "the demo made no directory"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // Past the point where the signal thread is set up.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // SAFETY: signals our own child, which has not been waited for.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGINT),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(text(&out.stderr).contains("interrupted: removed"));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "left behind");
+}
+
 #[test]
 fn demo_keeps_its_files_when_asked_and_says_where() {
     let dir = tmp("demo-keep");
