@@ -360,7 +360,7 @@ fn an_interrupted_demo_leaves_nothing_behind() {
     let dir = tmp("demo-interrupted");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_zerohop"))
+    let child = Command::new(env!("CARGO_BIN_EXE_zerohop"))
         .args(["demo", "--size", "1GiB", "--device", "host", "--dir"])
         .arg(&dir)
         .stdout(std::process::Stdio::null())
