@@ -71,33 +71,10 @@ pub struct StagingPool {
 impl StagingPool {
     pub fn new(device: &dyn Device, config: StagingConfig) -> Result<Self> {
         config.validate()?;
-        // Pinning is page-table work the kernel does per page: several
-        // threads allocate the slots at once, which shortens the engine's
-        // setup (it is on the first load's clock).
-        const ALLOCATORS: usize = 8;
-        let count = config.slot_count();
-        let per_thread = count.div_ceil(ALLOCATORS);
-        let slots = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..count)
-                .step_by(per_thread)
-                .map(|first| {
-                    let n = per_thread.min(count - first);
-                    s.spawn(move || {
-                        (0..n)
-                            .map(|_| device.alloc_staging(config.slot_bytes))
-                            .collect::<Result<Vec<_>>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("staging allocation does not panic"))
-                .collect::<Result<Vec<Vec<_>>>>()
-        })?;
-        Ok(StagingPool {
-            config,
-            slots: slots.into_iter().flatten().collect(),
-        })
+        let slots = (0..config.slot_count())
+            .map(|_| device.alloc_staging(config.slot_bytes))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(StagingPool { config, slots })
     }
 
     pub fn config(&self) -> StagingConfig {
