@@ -14,6 +14,7 @@ are imported inside the child alone.
 
 from __future__ import annotations
 
+import abc
 import gc
 import json
 import os
@@ -122,7 +123,7 @@ def cpu_seconds(who: int) -> float:
 # Loaders.  Each runs inside a child process of its own (see run_worker).
 # --------------------------------------------------------------------------
 
-class Peer:
+class Peer(abc.ABC):
     """A loader that yields torch tensors on cuda:0.
 
     init() imports the library and creates the CUDA context; load() is the
@@ -150,14 +151,16 @@ class Peer:
         if DEVICE != "cpu":
             self.torch.cuda.synchronize()
 
+    @abc.abstractmethod
     def import_library(self) -> None:
-        raise NotImplementedError
+        """Imports the loader's library (each subclass its own)."""
 
     def version(self) -> str | None:
         return dist_version(*self.dists)
 
+    @abc.abstractmethod
     def load(self, paths: list[str]):
-        raise NotImplementedError
+        """Loads every tensor of `paths` onto the device: the timed part."""
 
     def timed_load(self, paths: list[str]) -> dict:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
