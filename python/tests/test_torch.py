@@ -3,6 +3,7 @@ the GPU tests, CUDA) is missing: CI has neither; the accelerator machine
 runs them from the wheel built by scripts/gpu.sh."""
 
 import os
+import threading
 
 import pytest
 
@@ -239,3 +240,43 @@ def test_tensors_in_shared_blocks_load_exactly(tmp_path, monkeypatch):
     for name, t in tensors.items():
         assert loaded[name].dtype == t.dtype and loaded[name].shape == t.shape
         assert bits(loaded[name]) == bits(t), name
+
+
+def many_tensors():
+    """More tensors than `_OVERLAP_MIN`: loads make their views while the
+    engine reads."""
+    g = torch.Generator().manual_seed(5)
+    dtypes = [torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int64]
+    out = {
+        f"t{i}": torch.randn(3 + i % 5, 64 + i, generator=g).to(dtypes[i % len(dtypes)])
+        for i in range(zerohop._safetensors._OVERLAP_MIN + 36)
+    }
+    assert len(out) >= zerohop._safetensors._OVERLAP_MIN
+    return out
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["alone", "blocks"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_tensors_load_exactly_while_their_views_are_made(tmp_path, monkeypatch, device, blocks):
+    if device == "cpu":  # the GPU packs blocks as it chooses
+        monkeypatch.setattr(zerohop._buffers, "shares_blocks", lambda framework, device: blocks)
+    tensors = many_tensors()
+    path = tmp_path / "m.safetensors"
+    st_torch.save_file(tensors, str(path))
+    loaded = zerohop.load_file(path, device=device)
+    assert set(loaded) == set(tensors)
+    for name, t in tensors.items():
+        assert loaded[name].dtype == t.dtype and loaded[name].shape == t.shape
+        assert bits(loaded[name]) == bits(t), name
+
+
+def test_a_failed_read_of_many_tensors_raises_once_the_views_are_made(tmp_path, monkeypatch):
+    monkeypatch.setattr(zerohop._buffers, "shares_blocks", lambda framework, device: framework == "pt")
+    path = tmp_path / "m.safetensors"
+    st_torch.save_file(many_tensors(), str(path))
+    _, infos = zerohop._safetensors._headers([str(path)])
+    # The file loses its second half after its header was read.
+    os.truncate(path, os.path.getsize(path) // 2)
+    with pytest.raises(Exception, match="shrank|end of file|past the end"):
+        zerohop._safetensors._load([str(path)], infos.values(), "cpu", "pt", False)
+    assert not [t for t in threading.enumerate() if t.name == "zerohop-load"], "the read ended"
