@@ -345,7 +345,7 @@ def allocate(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], de
         out: List[Any] = [None] * len(specs)
         for raw, by_dtype in zip(raws, members_of.values()):
             for name, members in by_dtype.items():
-                _views_of(raw, name, members, specs, out)
+                views_of(raw, name, members, specs, out)
         for i, t in alone.items():
             out[i] = t
         return out
@@ -353,7 +353,7 @@ def allocate(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], de
     return Allocation(addresses, [None if place is None else place[0] for place in places], raws + list(alone.values()), make)
 
 
-def _views_of(raw: Any, name: str, members: List[Tuple[int, int]], specs: Sequence[Tuple[str, Sequence[int], int]], out: List[Any]) -> None:
+def views_of(raw: Any, name: str, members: List[Tuple[int, int]], specs: Sequence[Tuple[str, Sequence[int], int]], out: List[Any]) -> None:
     """Puts into `out` the tensors of dtype `name` that `members` (index,
     offset) place in block `raw`, made by one split of it."""
     typed = raw.view(torch_dtype(name))
