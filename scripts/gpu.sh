@@ -6,7 +6,8 @@
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
 # Steps: warm (touch host memory before timing), info, tests, python, hot,
-# cold, sweep, cold-sweep, phases, peers, peers-cold, checkpoint, save, agent, compare and
+# cold, sweep, cold-sweep, phases, peers, peers-cold, distributed (2 GPUs),
+# checkpoint, save, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
 # tool call is:
@@ -261,6 +262,18 @@ device() {
             # per load (about 5 minutes): a call of its own.
             install_wheels
             peers_run cold --modes cold --time-limit 540
+            ;;
+        distributed)
+            # zerohop.distributed on every GPU of the machine (the
+            # nvidia-h200-x2 kind: run(kind="nvidia-h200-x2")), one process
+            # per GPU over NCCL: the Python tests (test_distributed.py runs
+            # gloo ranks) and bench/distributed.py (cold read-once against
+            # every rank reading the whole file, hot TP=2 against one GPU).
+            install_wheels; ensure_hot
+            python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_distributed.py 2>&1 | tee "$OUT/distributed-tests.txt"
+            PYTHONUNBUFFERED=1 torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" bench/distributed.py \
+                --zerohop .stage/bin/zerohop --cold-dir /var/tmp --hot $HOT \
+                --json-out "$OUT/distributed.json" 2>&1 | tee "$OUT/distributed.txt"
             ;;
         *) echo "unknown step $step"; exit 2 ;;
         esac

@@ -18,7 +18,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 import zerohop  # noqa: E402
 import zerohop.distributed as zd  # noqa: E402
 
-WORKER = os.path.join(os.path.dirname(__file__), "dist_worker.py")
+HERE = os.path.dirname(__file__)
 
 
 def model(path):
@@ -39,9 +39,9 @@ def model(path):
     return tensors
 
 
-def run_ranks(tmp_path, plan, world=2):
-    """Starts `world` ranks of dist_worker.py, as torchrun would; returns
-    what each reported."""
+def run_ranks(tmp_path, plan, world=2, worker="dist_worker.py", args=None):
+    """Starts `world` ranks of a worker script (dist_worker.py: loads with
+    `plan`), as torchrun would; returns what each reported."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -50,7 +50,8 @@ def run_ranks(tmp_path, plan, world=2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         out = tmp_path / f"rank{rank}.json"
-        procs.append((subprocess.Popen([sys.executable, WORKER, str(tmp_path / "m.safetensors"), plan, str(out)], env=env), out))
+        argv = args if args is not None else [str(tmp_path / "m.safetensors"), plan]
+        procs.append((subprocess.Popen([sys.executable, os.path.join(HERE, worker), *argv, str(out)], env=env), out))
     results = []
     for p, out in procs:
         assert p.wait(timeout=120) == 0
@@ -100,3 +101,39 @@ def test_bad_plans_are_refused_clearly(tmp_path):
         zd.load_file(path, device="cpu", plan={"layer.0.rows": zd.Split(0, parts=0)})
     with pytest.raises(TypeError, match="expected REPLICATED, a Split or None"):
         zd.load_file(path, device="cpu", plan={"layer.0.rows": "sharded"})
+
+
+def test_dcp_save_and_load_through_zerohop_match_dcps_own_storage(tmp_path):
+    from torch.distributed.checkpoint import state_dict_loader  # noqa: F401  (DCP is there)
+
+    ranks = run_ranks(tmp_path, None, worker="dcp_worker.py", args=[str(tmp_path)])
+    for r in ranks:
+        assert r["zerohop"]["tensors"] == r["want"] == r["dcp"]["tensors"], r["rank"]
+        assert r["zerohop"]["extra"] == {"step": 1234, "name": "run-a"} == r["dcp"]["extra"]
+        assert "holds a committed checkpoint already" in r.get("again", ""), r.get("again")
+    files = sorted(os.listdir(tmp_path / "zerohop"))
+    assert files == [".metadata", "__0_0.safetensors", "__1_0.safetensors"], files
+
+    # Resharded: the two ranks' checkpoint into one process's plain tensors.
+    import torch.distributed.checkpoint as dcp
+    import zerohop.dcp
+
+    back = {"sharded": torch.zeros(10, 6, dtype=torch.bfloat16), "replicated": torch.zeros(33),
+            "ids": torch.zeros(3, 4, dtype=torch.int64), "extra": {"step": 0, "name": ""}}
+    dcp.load(back, storage_reader=zerohop.dcp.StorageReader(tmp_path / "zerohop"))
+    want = ranks[0]["want"]
+    assert back["sharded"].view(torch.uint8).flatten().tolist() == want["sharded"]
+    assert back["ids"].flatten().tolist() == want["ids"] and back["extra"]["step"] == 1234
+
+
+def test_a_dcp_save_that_never_committed_is_no_checkpoint(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    import zerohop.dcp
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "__0_0.safetensors").write_bytes(b"partial")
+    assert not zerohop.dcp.StorageReader.validate_checkpoint_id(tmp_path / "c")
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException, match="holds no committed checkpoint"):
+        dcp.load({"x": torch.zeros(2)}, storage_reader=zerohop.dcp.StorageReader(tmp_path / "c"))
