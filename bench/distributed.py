@@ -13,11 +13,15 @@ rank's tensors are usable; storage bytes are summed over the ranks):
   hot tp           zd.load_file(--hot, plan: 2-D weights split along dim 0)
                    against zerohop.load_file of the same file on rank 0
                    alone (the single-GPU rate), per rank's own bytes
+  dcp save/load    dcp.save and dcp.load of --dcp-gib GiB of bf16 DTensors
+                   per rank (Shard(0) over the GPUs) into --dcp-dir, through
+                   zerohop.dcp and through DCP's FileSystemWriter/Reader,
+                   alternating first; loads checked bit-identical
 Each cold row reads a fresh copy of the model (`zerohop gen --seed`),
 written and synced first, page cache dropped before the load; the two
 cold loaders alternate first between rounds.  Targets (issue 13): cold
 read-once >= 1.7 x each-whole and storage bytes = one model; hot tp >= 0.9 x
-the single-GPU rate per rank.
+the single-GPU rate per rank; dcp through zerohop >= 2 x DCP's own storage.
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ def main() -> None:
     p.add_argument("--hot", required=True, help="a model on tmpfs, for the hot TP rows")
     p.add_argument("--size", default="8GiB")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--dcp-dir", default="/dev/shm", help="where the DCP checkpoints go")
+    p.add_argument("--dcp-gib", type=float, default=4.0, help="GiB of state per rank for the DCP rows")
     p.add_argument("--json-out")
     args = p.parse_args()
     dist.init_process_group("nccl")
@@ -117,9 +123,14 @@ def main() -> None:
         rows.append({"row": "hot tp", "round": rnd, "seconds": seconds, "rank_gbps": per_rank,
                      "single_gpu_gbps": single, "ratio": min(per_rank) / single})
 
+    rows += dcp_rows(args, rank)
+
     if rank == 0:
         for r in rows:
-            if r["row"].startswith("cold"):
+            if r["row"].startswith("dcp"):
+                print(f"{r['row']:<16} round {r['round']}: save {r['save_gbps']:.1f} GB/s, load {r['load_gbps']:.1f} GB/s "
+                      f"(all ranks' bytes), identical {r['identical']}")
+            elif r["row"].startswith("cold"):
                 print(f"{r['row']:<16} round {r['round']}: {r['model_bytes'] / r['seconds'] / 1e9:6.2f} GB/s of model, "
                       f"{r['seconds']:.2f} s, storage bytes = {r['storage_bytes'] / r['model_bytes']:.2f} x model")
             else:
@@ -127,10 +138,54 @@ def main() -> None:
                       f"of own bytes; single GPU {r['single_gpu_gbps']:.1f} GB/s; ratio {r['ratio']:.2f} (target 0.90)")
         best = {name: min(r["seconds"] for r in rows if r["row"] == f"cold {name}") for name in loaders}
         print(f"cold read-once vs each-whole: {best['each-whole'] / best['read-once']:.2f} x (target 1.70)")
+        for op in ("save", "load"):
+            best = {w: max(r[f"{op}_gbps"] for r in rows if r["row"] == f"dcp {w}") for w in ("zerohop", "dcp-own")}
+            print(f"dcp {op} through zerohop vs DCP's own: {best['zerohop'] / best['dcp-own']:.2f} x (target 2.00)")
         if args.json_out:
             with open(args.json_out, "w") as f:
                 json.dump({"rows": rows, "world_size": dist.get_world_size()}, f, indent=1)
     dist.destroy_process_group()
+
+
+def dcp_rows(args, rank: int) -> list[dict]:
+    """dcp.save and dcp.load of the same DTensors through zerohop.dcp and
+    through DCP's own file system storage, same run."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import zerohop.dcp
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cuda", (world,))
+    count = 8
+    rows_each = int(args.dcp_gib * (1 << 30)) // count // 2 // 4096
+    g = torch.Generator(device="cuda").manual_seed(1)
+    state = {f"w{i}": distribute_tensor(torch.randn(rows_each * world, 4096, generator=g, device="cuda")
+                                        .to(torch.bfloat16), mesh, [Shard(0)]) for i in range(count)}
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    storages = {"zerohop": (zerohop.dcp.StorageWriter, zerohop.dcp.StorageReader),
+                "dcp-own": (dcp.FileSystemWriter, dcp.FileSystemReader)}
+    out = []
+    for rnd in range(args.rounds):
+        for name in (list(storages) if rnd % 2 == 0 else list(reversed(storages))):
+            writer, reader = storages[name]
+            path = os.path.join(args.dcp_dir, f"zerohop-dcp-{name}-{rnd}")
+            if rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+            dist.barrier()
+            save_s, _ = timed(rank, lambda progress: dcp.save(state, storage_writer=writer(path)))
+            back = {k: distribute_tensor(torch.zeros_like(v.full_tensor()), mesh, [Shard(0)]) for k, v in state.items()}
+            load_s, _ = timed(rank, lambda progress: dcp.load(back, storage_reader=reader(path)))
+            same = all(torch.equal(back[k].to_local(), v.to_local()) for k, v in state.items())
+            out.append({"row": f"dcp {name}", "round": rnd, "save_gbps": nbytes / save_s / 1e9,
+                        "load_gbps": nbytes / load_s / 1e9, "identical": all(gather(same))})
+            del back
+            if rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+    return out
 
 
 if __name__ == "__main__":
