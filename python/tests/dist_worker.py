@@ -28,6 +28,8 @@ PLANS = {
         "*.three": zd.Split(0, parts=3),
         "skip.*": None,
     },
+    # Rank 1 is given a file that does not exist: both ranks fail, neither hangs.
+    "missing": None,
     # Rank 1 replicates what rank 0 splits: refused on both.
     "disagree": lambda name, shape, dtype: zd.Split(0) if dist.get_rank() == 0 and name.endswith(".rows") else zd.REPLICATED,
 }
@@ -56,9 +58,10 @@ def main():
     totals = []
     result = {"rank": rank}
     try:
-        loaded = zd.load_file(model, device="cpu", plan=PLANS[plan_name], progress=lambda done, total: totals.append(total))
-    except ValueError as e:
-        result["error"] = str(e)
+        path = model + ".missing" if plan_name == "missing" and rank == 1 else model
+        loaded = zd.load_file(path, device="cpu", plan=PLANS[plan_name], progress=lambda done, total: totals.append(total))
+    except (ValueError, RuntimeError, OSError) as e:
+        result["error"] = f"{type(e).__name__}: {e}"
     else:
         reference = reference_load(model)
         wrong = []

@@ -84,6 +84,13 @@ def test_ranks_that_disagree_on_replicated_tensors_get_a_clear_error(tmp_path):
         assert "disagree on which tensors are replicated" in r.get("error", ""), r
 
 
+def test_a_rank_that_fails_fails_every_rank_instead_of_hanging_them(tmp_path):
+    model(tmp_path / "m.safetensors")
+    first, second = run_ranks(tmp_path, "missing")
+    assert second["error"].startswith("FileNotFoundError"), second
+    assert first["error"].startswith("RuntimeError: rank 1 of the group failed: FileNotFoundError"), first
+
+
 def test_without_a_process_group_it_loads_as_rank_0_of_1(tmp_path):
     tensors = model(tmp_path / "m.safetensors")
     loaded = zd.load_file(tmp_path / "m.safetensors", device="cpu", plan={"layer.0.cols": zd.Split(1, parts=4), "skip.*": None})

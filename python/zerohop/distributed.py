@@ -93,27 +93,36 @@ def load_file(
     if torch is None:
         raise ImportError("zerohop.distributed needs torch")
     world = _Group(group)
-    _, tensors = _headers(paths)
+    # A rank that fails alone would leave the others waiting in a
+    # collective until its timeout: each step that can fail (headers, the
+    # plan, allocation; then the read) ends in one small all-gather that
+    # raises on every rank if any failed.
+    failure = None
     replicated: List[_Tensor] = []
-    own: List[Tuple[_Tensor, Split]] = []
-    for t in tensors.values():
-        spec = _spec_of(plan, t)
-        if spec == REPLICATED:
-            replicated.append(t)
-        elif isinstance(spec, Split):
-            own.append((t, spec))
-        elif spec is not None:
-            raise TypeError(f"the plan gave {t.name!r} {spec!r}: expected REPLICATED, a Split or None")
-    replicated.sort(key=lambda t: (t.file, t.begin))
-    _check_agreement(replicated, world)
-
-    pieces: List[Tuple[int, int, int, int]] = []
-    made: Dict[str, Callable[[], Any]] = {}
-    for t, split in own:
-        made[t.name] = _plan_slice(t, split, world, device, pieces)
-    blocks = _plan_shares(replicated, world, device, pieces)
-    if pieces:
-        _native.read(device, paths, pieces, _buffers.current_stream(device), progress)
+    try:
+        _, tensors = _headers(paths)
+        own: List[Tuple[_Tensor, Split]] = []
+        for t in tensors.values():
+            spec = _spec_of(plan, t)
+            if spec == REPLICATED:
+                replicated.append(t)
+            elif isinstance(spec, Split):
+                own.append((t, spec))
+            elif spec is not None:
+                raise TypeError(f"the plan gave {t.name!r} {spec!r}: expected REPLICATED, a Split or None")
+        replicated.sort(key=lambda t: (t.file, t.begin))
+        pieces: List[Tuple[int, int, int, int]] = []
+        made = {t.name: _plan_slice(t, split, world, device, pieces) for t, split in own}
+        blocks = _plan_shares(replicated, world, device, pieces)
+    except Exception as e:
+        failure = e
+    _agree(world, failure, _digest(replicated))
+    try:
+        if pieces:
+            _native.read(device, paths, pieces, _buffers.current_stream(device), progress)
+    except Exception as e:
+        failure = e
+    _agree(world, failure)
     if world.size > 1:
         import torch.distributed as dist
 
@@ -134,24 +143,34 @@ def _spec_of(plan: Plan, t: _Tensor) -> Spec:
     return REPLICATED
 
 
-def _check_agreement(replicated: List[_Tensor], world: _Group) -> None:
-    """Every rank must share out the same replicated tensors, or the
-    all-gathers would mix different tensors' bytes."""
-    if world.size == 1:
-        return
-    import torch.distributed as dist
-
+def _digest(replicated: List[_Tensor]) -> str:
+    """What the ranks must agree on: the replicated tensors, which they
+    share out (different ones would mix different tensors' bytes)."""
     digest = hashlib.sha256()
     for t in replicated:
         digest.update(f"{t.name}\0{t.dtype}\0{t.shape}\0{t.end - t.begin}\n".encode())
-    mine = (len(replicated), digest.hexdigest())
-    every: List[Any] = [None] * world.size
-    dist.all_gather_object(every, mine, group=world.handle)
-    if any(other != mine for other in every):
-        raise ValueError(
-            "the ranks disagree on which tensors are replicated "
-            f"(count and digest by rank: {every}): give every rank the same files and plan"
-        )
+    return f"{len(replicated)} tensors, {digest.hexdigest()[:16]}"
+
+
+def _agree(world: _Group, failure: Optional[BaseException], digest: Optional[str] = None) -> None:
+    """Raises on every rank if any rank failed (its own error there, a
+    RuntimeError naming it elsewhere), or if the ranks' digests differ."""
+    if world.size > 1:
+        import torch.distributed as dist
+
+        mine = (None if failure is None else f"{type(failure).__name__}: {failure}", digest)
+        every: List[Any] = [None] * world.size
+        dist.all_gather_object(every, mine, group=world.handle)
+        failed = [r for r, (error, _) in enumerate(every) if error]
+        if failure is None and failed:
+            raise RuntimeError(f"rank {failed[0]} of the group failed: {every[failed[0]][0]}")
+        if failure is None and len({d for _, d in every}) > 1:
+            raise ValueError(
+                "the ranks disagree on which tensors are replicated "
+                f"(by rank: {[d for _, d in every]}): give every rank the same files and plan"
+            )
+    if failure is not None:
+        raise failure
 
 
 def _element_bytes(t: _Tensor) -> int:
