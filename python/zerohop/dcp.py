@@ -17,6 +17,7 @@ device that is narrowed and copied.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import pickle
@@ -89,7 +90,7 @@ class StorageWriter(_Writer):
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         # Each rank's file name, by its place among the plans.
-        return [_replace(plan, storage_data=f"__{i}_0.safetensors") for i, plan in enumerate(plans)]
+        return [dataclasses.replace(plan, storage_data=f"__{i}_0.safetensors") for i, plan in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         file = plan.storage_data
@@ -217,12 +218,6 @@ def _write_durably(path: str, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _replace(plan: Any, **changes: Any) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(plan, **changes)
 
 
 def _unshared(tensors: Dict[str, Any]) -> Dict[str, Any]:
