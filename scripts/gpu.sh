@@ -62,13 +62,18 @@ device() {
     SIZE=${ZEROHOP_BENCH_SIZE:-8GiB}
     ensure_hot() { [ -f $HOT ] || zerohop gen --size "$SIZE" $HOT; }
     ensure_disk() { [ -f $DISK ] || { ensure_hot; cp $HOT $DISK; sync; }; }
-    # The peers' wheels (.whl, see bench/fetch-peer-wheels.sh) and zerohop's.
+    # zerohop's wheel and the peers' (.whl, see bench/fetch-peer-wheels.sh),
+    # each set in a folder of its own: a warm machine keeps what an earlier
+    # call installed, which may have been zerohop's alone.
     install_wheels() {
-        local wheels=(.stage/wheel/*.whl)
-        [ -d .whl ] && wheels+=(.whl/*.whl)
-        [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-            --target /tmp/site "${wheels[@]}"
-        export PYTHONPATH=/tmp/site
+        local set dir
+        for set in .stage/wheel .whl; do
+            dir=/tmp/site-${set//[.\/]/}
+            [ -d "$set" ] && [ ! -d "$dir" ] && python3 -m pip install -q --no-index --no-deps --no-compile \
+                --no-cache-dir --target "$dir" "$set"/*.whl
+            PYTHONPATH=$dir${PYTHONPATH:+:$PYTHONPATH}
+        done
+        export PYTHONPATH
     }
     # The VM grows its memory on first touch (~0.6 s per GiB): touch it
     # once, so no timed run pays for that. bench/peers.py does the same
