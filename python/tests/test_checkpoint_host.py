@@ -156,3 +156,18 @@ def test_partly_overlapping_views_are_refused_clearly(tmp_path):
     with pytest.raises(ValueError, match="head and w share memory"):
         checkpoint.save({"w": w, "head": w[:2]}, tmp_path / "ck")
     assert not (tmp_path / "ck").exists()
+
+
+def test_checksums_are_the_same_wherever_the_bytes_are_hashed():
+    from zerohop import _native
+
+    data = np.arange(100_000, dtype=np.uint32)
+    empty = np.empty(0, dtype=np.uint8)
+    other = np.arange(75, dtype=np.uint32)
+    buffers = [(data.ctypes.data, data.nbytes), (empty.ctypes.data, 0), (other.ctypes.data, other.nbytes)]
+    on_host = _native.checksums("cpu", buffers)
+    # The simulated device reads its memory back to hash it (no kernel).
+    assert _native.checksums("sim", buffers) == on_host
+    assert len(set(on_host)) == 3 and all(len(h) == 16 for h in on_host)
+    data[5] += 1
+    assert _native.checksums("cpu", buffers[:1]) != on_host[:1]

@@ -2,11 +2,7 @@
 torchrun starts them, talking gloo over loopback sockets, on host memory
 (the NCCL path runs on the two-GPU machine: bench/distributed.py)."""
 
-import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -18,7 +14,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 import zerohop  # noqa: E402
 import zerohop.distributed as zd  # noqa: E402
 
-HERE = os.path.dirname(__file__)
+import rank_processes  # noqa: E402
 
 
 def model(path):
@@ -40,23 +36,10 @@ def model(path):
 
 
 def run_ranks(tmp_path, plan, world=2, worker="dist_worker.py", args=None):
-    """Starts `world` ranks of a worker script (dist_worker.py: loads with
-    `plan`), as torchrun would; returns what each reported."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        out = tmp_path / f"rank{rank}.json"
-        argv = args if args is not None else [str(tmp_path / "m.safetensors"), plan]
-        procs.append((subprocess.Popen([sys.executable, os.path.join(HERE, worker), *argv, str(out)], env=env), out))
-    results = []
-    for p, out in procs:
-        assert p.wait(timeout=120) == 0
-        results.append(json.loads(out.read_text()))
-    return results
+    """Ranks of a worker script (dist_worker.py: loads with `plan`); what
+    each reported."""
+    argv = args if args is not None else [str(tmp_path / "m.safetensors"), plan]
+    return rank_processes.run_ranks(worker, argv, tmp_path, world)
 
 
 def test_replicated_tensors_are_read_once_across_the_ranks(tmp_path):
@@ -131,6 +114,17 @@ def test_dcp_save_and_load_through_zerohop_match_dcps_own_storage(tmp_path):
     want = ranks[0]["want"]
     assert back["sharded"].view(torch.uint8).flatten().tolist() == want["sharded"]
     assert back["ids"].flatten().tolist() == want["ids"] and back["extra"]["step"] == 1234
+
+    # Every item carries its checksum: a flipped bit in a data file fails
+    # the load, naming the file and the item.
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    data = tmp_path / "zerohop" / "__1_0.safetensors"
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0x10
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointException, match="__1_0.safetensors: .* does not match its checksum"):
+        dcp.load(back, storage_reader=zerohop.dcp.StorageReader(tmp_path / "zerohop"))
 
 
 def test_a_dcp_save_that_never_committed_is_no_checkpoint(tmp_path):

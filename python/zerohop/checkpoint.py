@@ -15,7 +15,7 @@ import os
 from collections import OrderedDict
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
-from . import _buffers, _native
+from . import _buffers, _native, _sharded
 
 PathLike = Union[str, "os.PathLike[str]"]
 Progress = Any
@@ -32,6 +32,8 @@ class _Flattener:
         self.writable = writable
         self.buffers: Dict[str, _buffers.Buffer] = {}
         self.frameworks: Dict[str, str] = {}
+        # DTensors, by entry name: saved by a sharded save (`group=`) only.
+        self.dtensors: Dict[str, Any] = {}
         self._seen: Dict[Tuple[int, int, str, str, Tuple[int, ...]], str] = {}
 
     def encode(self, value: Any, path: List[str]) -> Any:
@@ -56,6 +58,10 @@ class _Flattener:
         if isinstance(value, (list, tuple)):
             items = [self.encode(v, path + [str(i)]) for i, v in enumerate(value)]
             return {"list" if isinstance(value, list) else "tuple": items}
+        if _sharded.is_dtensor(value):
+            name = ".".join(path) or "tensor"
+            self.dtensors[name] = value
+            return {"dtensor": name, "device": _buffers.describe(value.to_local(), writable=False).device}
         if _is_tensor(value):
             return self._tensor(value, path)
         raise TypeError(f"{'.'.join(path) or 'state'}: cannot checkpoint a {type(value).__name__}")
@@ -89,13 +95,29 @@ def save(
     dir: PathLike,
     parent: Optional[PathLike] = None,
     progress: Progress = False,
+    group: Any = None,
 ) -> Dict[str, Any]:
     """Saves `state` as a new checkpoint directory `dir` (which must not
     exist). Returns what the save did: seconds until durable, bytes written
     (fewer than the total when `parent` let chunks be referenced), and the
-    engine's transfer stats."""
+    engine's transfer stats.
+
+    With `group` (a torch.distributed process group, e.g.
+    `torch.distributed.group.WORLD`), every rank of it calls `save` with
+    its own state and the same `dir`: each writes its own tensors and the
+    local shards of its DTensors, in parallel, and the checkpoint is
+    committed once every rank's data is durable (see `zerohop._sharded`)."""
+    if group is not None:
+        return _sharded.save(state, dir, group, progress)
     flat = _Flattener()
     skeleton = flat.encode(state, [])
+    if flat.dtensors:
+        raise TypeError(f"{next(iter(flat.dtensors))} is a DTensor: save it with group= (every rank saving its shards)")
+    return _save_flat(flat, skeleton, dir, parent, progress)
+
+
+def _save_flat(flat: _Flattener, skeleton: Any, dir: PathLike, parent: Optional[PathLike], progress: Progress) -> Dict[str, Any]:
+    """Saves the tensors `flat` collected, with `skeleton` as the structure."""
     _refuse_partial_overlaps(flat.buffers)
     buffers, device = _buffers.on_one_device(flat.buffers)  # alive through the save
     entries = [(name, b.dtype, list(b.shape), b.addr, b.nbytes) for name, b in buffers.items()]
@@ -130,12 +152,35 @@ def load(
     dir: PathLike,
     device: Any = None,
     progress: Progress = False,
+    group: Any = None,
 ) -> Any:
     """Loads a checkpoint into new tensors, allocated by torch (numpy
     arrays for arrays saved from numpy, and for everything when torch is
     not installed), with the structure it was saved with.
     `device=None` puts each tensor where it was saved from; a device puts
-    them all there. Every chunk's checksum is checked on the way."""
+    them all there. Every chunk's checksum is checked on the way.
+
+    A checkpoint saved with `group=` is loaded with `group=` too, by every
+    rank: each gets its own state back, its DTensors as DTensors; at
+    another world size, DTensors sharded on dim 0 or replicated are
+    resharded (and nothing else may be in the state)."""
+    if group is not None:
+        return _sharded.load(dir, device, group, progress)
+    skeleton, tensors = _load_tensors(dir, device, progress)
+    if skeleton is None:  # saved by the CLI or the Rust API: entries by name
+        return tensors
+    return _decode_state(dir, skeleton, tensors)
+
+
+def _decode_state(dir: PathLike, skeleton: Any, tensors: Dict[str, Any]) -> Any:
+    try:
+        return _decode(skeleton, tensors)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"{os.fspath(dir)}: the saved state structure is malformed ({e!r})") from None
+
+
+def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, Dict[str, Any]]:
+    """A checkpoint's structure and all its tensors, by entry name."""
     skeleton, entries = _entries(dir)
     devices: Dict[str, str] = {}
     frameworks: Dict[str, str] = {}
@@ -151,12 +196,7 @@ def load(
             place = "cpu"
         tensors[name] = _buffers.empty(framework, dtype or "U8", shape if shape is not None else [nbytes], place)
     _restore(dir, {n: _buffers.describe(t, writable=True) for n, t in tensors.items()}, progress)
-    if skeleton is None:  # saved by the CLI or the Rust API: entries by name
-        return tensors
-    try:
-        return _decode(skeleton, tensors)
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        raise ValueError(f"{os.fspath(dir)}: the saved state structure is malformed ({e!r})") from None
+    return skeleton, tensors
 
 
 def _tensor_places(node: Any, devices: Dict[str, str], frameworks: Dict[str, str]) -> None:
@@ -165,6 +205,10 @@ def _tensor_places(node: Any, devices: Dict[str, str], frameworks: Dict[str, str
     if "tensor" in node:
         devices[node["tensor"]] = node["device"]
         frameworks[node["tensor"]] = node["framework"]
+        return
+    if "dtensor" in node:  # its local shard, in a sharded checkpoint's part
+        devices[node["dtensor"]] = node["device"]
+        frameworks[node["dtensor"]] = "pt"
         return
     for items in node.values():
         if isinstance(items, list):
@@ -178,6 +222,8 @@ def _decode(node: Any, tensors: Dict[str, Any]) -> Any:
         raise ValueError("the checkpoint's state structure is malformed")
     if "tensor" in node:
         return tensors[node["tensor"]]
+    if "dtensor" in node:
+        return tensors[_sharded.DTENSOR_PREFIX + node["dtensor"]]
     (kind, value), = node.items()
     if kind == "none":
         return None
@@ -202,17 +248,28 @@ def _decode(node: Any, tensors: Dict[str, Any]) -> Any:
     raise ValueError(f"the checkpoint's state structure has an unknown node {kind!r}")
 
 
-def restore_into(state: Any, dir: PathLike, progress: Progress = False) -> None:
+def restore_into(state: Any, dir: PathLike, progress: Progress = False, group: Any = None) -> None:
     """Restores a checkpoint in place into the tensors of `state` (a live
     model's and optimizer's state, say), which must have the structure,
     shapes and dtypes it was saved with. Plain values in `state` are not
     changed. Every chunk's checksum is checked; on any mismatch nothing is
-    reported restored and the error names the first bad chunk."""
+    reported restored and the error names the first bad chunk. A checkpoint
+    saved with `group=` is restored with `group=`, at the same world size."""
+    if group is not None:
+        return _sharded.restore_into(state, dir, group, progress)
+    flat = _Flattener(writable=True)
+    mine = flat.encode(state, [])
+    if flat.dtensors:
+        raise TypeError(f"{next(iter(flat.dtensors))} is a DTensor: restore it with group=")
+    _restore_flat(flat, mine, dir, progress)
+
+
+def _restore_flat(flat: _Flattener, mine: Any, dir: PathLike, progress: Progress) -> None:
+    """Restores `dir` into the tensors `flat` collected from a state whose
+    structure is `mine`."""
     skeleton, entries = _entries(dir)
     if skeleton is None:
         raise ValueError(f"{os.fspath(dir)} holds no saved structure: use load()")
-    flat = _Flattener(writable=True)
-    mine = flat.encode(state, [])
     if _shape_of(mine) != _shape_of(skeleton):
         raise ValueError("the state's structure differs from the checkpoint's")
     for name, b in flat.buffers.items():
@@ -229,6 +286,8 @@ def _shape_of(node: Any) -> Any:
     values dropped: what must match for an in-place restore."""
     if isinstance(node, dict) and "tensor" in node:
         return node["tensor"]
+    if isinstance(node, dict) and "dtensor" in node:
+        return ["dtensor", node["dtensor"]]
     if isinstance(node, dict):
         (kind, value), = node.items()
         if kind in ("list", "tuple"):
@@ -262,8 +321,28 @@ class Verified(NamedTuple):
 
 
 def verify(dir: PathLike, progress: Progress = False) -> Verified:
-    """Checks every checksum of a checkpoint on disk (no GPU needed).
-    Returns the chunks and bytes checked (`.chunks`, `.bytes`), or raises
-    IntegrityError naming the first bad chunk."""
-    chunks, nbytes = _native.checkpoint_verify(os.fspath(dir), progress)
+    """Checks every checksum of a checkpoint on disk (no GPU needed), every
+    rank's of a sharded one. Returns the chunks and bytes checked
+    (`.chunks`, `.bytes`), or raises IntegrityError naming the first bad
+    chunk."""
+    parts = _sharded.parts(dir) if _sharded.is_sharded(dir) else [os.fspath(dir)]
+    chunks = nbytes = 0
+    for part in parts:
+        c, n = _native.checkpoint_verify(part, progress)
+        chunks, nbytes = chunks + c, nbytes + n
     return Verified(chunks=chunks, bytes=nbytes)
+
+
+def latest(root: PathLike) -> Optional[str]:
+    """The most recently committed checkpoint directly under `root` (a
+    single-process or sharded one; the path), or None. A save that never
+    committed (a rank killed meanwhile, say) is not one."""
+    found = []
+    for entry in os.scandir(root):
+        for marker in (_sharded.COMMIT, "manifest.json"):
+            try:
+                found.append((os.stat(os.path.join(entry.path, marker)).st_mtime_ns, entry.path))
+                break
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+    return max(found)[1] if found else None

@@ -21,7 +21,7 @@ import dataclasses
 import io
 import os
 import pickle
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from . import _buffers, _native
+from ._durable import write_durably
 from ._safetensors import PathLike, _headers, save_file
 
 __all__ = ["StorageReader", "StorageWriter"]
@@ -56,6 +57,9 @@ class Stored(NamedTuple):
     length: int
     dtype: Optional[str]  # safetensors name; None for a byte stream
     shape: Tuple[int, ...]
+    # XXH3-64 of the bytes, as zerohop's checkpoint manifests write it
+    # (hashed on the GPU for GPU tensors); checked by every load.
+    xxh3: Optional[str] = None
 
 
 class StorageWriter(_Writer):
@@ -104,13 +108,14 @@ class StorageWriter(_Writer):
                 data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
             tensors[str(n)] = data.detach().contiguous()
         tensors = _unshared(tensors)
+        sums = _checksums(tensors)
         save_file(tensors, os.path.join(self.path, file))
         _, infos = _headers([os.path.join(self.path, file)])
         results = []
         for n, item in enumerate(plan.items):
             t = infos[str(n)]
             dtype = None if str(n) in byte_items else t.dtype
-            stored = Stored(file, t.begin, t.end - t.begin, dtype, tuple(t.shape))
+            stored = Stored(file, t.begin, t.end - t.begin, dtype, tuple(t.shape), sums[str(n)])
             results.append(WriteResult(index=item.index, size_in_bytes=t.end - t.begin, storage_data=stored))
         done: Future = Future()
         done.set_result(results)
@@ -120,7 +125,7 @@ class StorageWriter(_Writer):
         # Called on the coordinator once every rank's data is durable.
         metadata.storage_data = {r.index: r.storage_data for rank in results for r in rank}
         metadata.storage_meta = self.storage_meta()
-        _write_durably(os.path.join(self.path, METADATA), pickle.dumps(metadata))
+        write_durably(os.path.join(self.path, METADATA), pickle.dumps(metadata))
 
 
 class StorageReader(_Reader):
@@ -186,6 +191,8 @@ class StorageReader(_Reader):
                 later.append((item, chunk, target))
         for device, pieces in direct.items():
             _native.read(device, paths, pieces, _buffers.current_stream(device), False)
+        read = [(item, buf) for item, buf in byte_items] + [(item, target if chunk is None else chunk) for item, chunk, target in later]
+        _check(self.path, [(self.storage_data[item.storage_index], item.storage_index.fqn, buf) for item, buf in read])
         for item, buf in byte_items:
             planner.load_bytes(item, io.BytesIO(buf.numpy().tobytes()))
         for item, chunk, target in later:
@@ -200,24 +207,34 @@ class StorageReader(_Reader):
         return done
 
 
+def _checksums(tensors: Dict[str, Any]) -> Dict[str, str]:
+    """Each (contiguous) tensor's checksum, hashed where it lies."""
+    by_device: Dict[str, List[Tuple[str, _buffers.Buffer]]] = {}
+    for name, t in tensors.items():
+        b = _buffers.describe(t, writable=False, typed=False)
+        by_device.setdefault(b.device, []).append((name, b))
+    sums: Dict[str, str] = {}
+    for device, buffers in by_device.items():
+        hashed = _native.checksums(device, [(b.addr, b.nbytes) for _, b in buffers], _buffers.current_stream(device))
+        sums.update((name, h) for (name, _), h in zip(buffers, hashed))
+    return sums
+
+
+def _check(path: str, read: List[Tuple[Stored, str, Any]]) -> None:
+    """Raises IntegrityError for the first item whose bytes, as read into
+    its buffer, do not match the checksum saved with them."""
+    checked = [(stored, fqn, buf) for stored, fqn, buf in read if stored.xxh3 is not None]
+    sums = _checksums({str(i): buf for i, (_, _, buf) in enumerate(checked)})
+    for i, (stored, fqn, _) in enumerate(checked):
+        if sums[str(i)] != stored.xxh3:
+            raise _native.IntegrityError(
+                f"{os.path.join(path, stored.file)}: {fqn!r} ({stored.length} bytes at offset {stored.offset}) "
+                f"does not match its checksum (xxh3 {sums[str(i)]}, saved {stored.xxh3})"
+            )
+
+
 def _add(direct: Dict[str, List[Tuple[int, int, int, int]]], device: str, file: int, stored: Stored, into: Any) -> None:
     direct.setdefault(device, []).append((file, stored.offset, stored.length, into.data_ptr()))
-
-
-def _write_durably(path: str, data: bytes) -> None:
-    """Writes `path` whole or not at all, durably: a temporary file synced,
-    renamed into place, and the directory synced."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unshared(tensors: Dict[str, Any]) -> Dict[str, Any]:

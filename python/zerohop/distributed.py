@@ -156,11 +156,8 @@ def _agree(world: _Group, failure: Optional[BaseException], digest: Optional[str
     """Raises on every rank if any rank failed (its own error there, a
     RuntimeError naming it elsewhere), or if the ranks' digests differ."""
     if world.size > 1:
-        import torch.distributed as dist
-
         mine = (None if failure is None else f"{type(failure).__name__}: {failure}", digest)
-        every: List[Any] = [None] * world.size
-        dist.all_gather_object(every, mine, group=world.handle)
+        every = _all_gather(world, mine)
         failed = [r for r, (error, _) in enumerate(every) if error]
         if failure is None and failed:
             raise RuntimeError(f"rank {failed[0]} of the group failed: {every[failed[0]][0]}")
@@ -171,6 +168,20 @@ def _agree(world: _Group, failure: Optional[BaseException], digest: Optional[str
             )
     if failure is not None:
         raise failure
+
+
+def _all_gather(world: _Group, mine: Any) -> List[Any]:
+    """Every rank's `mine`, in rank order."""
+    if world.size == 1:
+        return [mine]
+    import torch.distributed as dist
+
+    every: List[Any] = [None] * world.size
+    try:
+        dist.all_gather_object(every, mine, group=world.handle)
+    except RuntimeError as e:  # the backend's error, or its timeout
+        raise RuntimeError(f"the ranks could not compare results (did a rank die or hang?): {e}") from e
+    return every
 
 
 def _element_bytes(t: _Tensor) -> int:

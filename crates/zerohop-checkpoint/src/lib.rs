@@ -26,8 +26,8 @@ mod verify;
 
 pub use checksums::ChecksumSite;
 pub use manifest::{
-    chunk_checksum, Chunk, DataFile, Entry, Manifest, FORMAT, MANIFEST_FILE, MAX_MANIFEST_BYTES,
-    VERSION,
+    checksum_hex, chunk_checksum, Chunk, DataFile, Entry, Manifest, FORMAT, MANIFEST_FILE,
+    MAX_MANIFEST_BYTES, VERSION,
 };
 pub use request::{Region, SaveOptions, DEFAULT_CHUNK_BYTES};
 pub use restore::{restore, restore_into, Restored};

@@ -93,7 +93,7 @@ pub fn chunk_checksum(bytes: &[u8]) -> String {
 }
 
 /// How a checksum is written in the manifest.
-pub(crate) fn checksum_hex(sum: u64) -> String {
+pub fn checksum_hex(sum: u64) -> String {
     format!("{sum:016x}")
 }
 

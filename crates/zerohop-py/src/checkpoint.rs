@@ -131,3 +131,77 @@ pub fn checkpoint_verify(
     let v = verified.map_err(to_py)?;
     Ok((v.chunks, v.bytes))
 }
+
+/// XXH3-64 of each (address, bytes) buffer of `device`, as a checkpoint
+/// manifest writes it, once the work queued on `stream` is done: a GPU
+/// hashes its own memory with its kernel, host memory is hashed in place,
+/// and a device without a kernel (the simulated one) is read back.
+#[pyfunction]
+#[pyo3(signature = (device, buffers, stream=None))]
+pub fn checksums(
+    py: Python<'_>,
+    device: &str,
+    buffers: Vec<(u64, u64)>,
+    stream: Option<u64>,
+) -> PyResult<Vec<String>> {
+    let place = Place::parse(device)?;
+    let engine = py.detach(|| engine(place))?;
+    let sums = py.detach(|| -> Result<Vec<String>> {
+        // Empty buffers need no address (and a device may refuse them).
+        let mut sums = vec![ckpt::chunk_checksum(&[]); buffers.len()];
+        let full: Vec<usize> = (0..buffers.len()).filter(|&i| buffers[i].1 > 0).collect();
+        let nonempty: Vec<(u64, u64)> = full.iter().map(|&i| buffers[i]).collect();
+        for (i, sum) in full
+            .into_iter()
+            .zip(checksums_of(&engine, place, &nonempty, stream)?)
+        {
+            sums[i] = sum;
+        }
+        Ok(sums)
+    });
+    sums.map_err(to_py)
+}
+
+/// The checksums of non-empty `buffers` of `place`.
+fn checksums_of(
+    engine: &zerohop::Engine,
+    place: Place,
+    buffers: &[(u64, u64)],
+    stream: Option<u64>,
+) -> Result<Vec<String>> {
+    if place == Place::Host {
+        return Ok(buffers
+            .iter()
+            .map(|&(addr, len)| {
+                // SAFETY: the Python half passes live host buffers
+                // that it keeps alive, and unwritten, for this call.
+                let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+                ckpt::chunk_checksum(bytes)
+            })
+            .collect());
+    }
+    let borrowed = buffers
+        .iter()
+        .map(|&(addr, len)| {
+            // SAFETY: as in `checkpoint_save`.
+            unsafe { engine.device().borrow(addr, len as usize, stream) }
+        })
+        .collect::<Result<Vec<DeviceBuffer>>>()?;
+    if let Some(hasher) = engine.device().checksums() {
+        hasher.ready()?;
+        let chunks: Vec<Vec<DeviceBuffer>> = borrowed.into_iter().map(|b| vec![b]).collect();
+        return Ok(hasher
+            .xxh3_64(&chunks)?
+            .into_iter()
+            .map(ckpt::checksum_hex)
+            .collect());
+    }
+    borrowed
+        .iter()
+        .map(|b| {
+            let mut bytes = vec![0u8; b.len()];
+            engine.device().read_back(b, 0, &mut bytes)?;
+            Ok(ckpt::chunk_checksum(&bytes))
+        })
+        .collect()
+}

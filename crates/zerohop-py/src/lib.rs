@@ -34,6 +34,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_entries, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_restore, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_verify, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::checksums, m)?)?;
     m.add_class::<agent::AgentClient>()?;
     m.add_class::<agent::AgentHostBuffer>()?;
     m.add_class::<agent::AgentRing>()?;
