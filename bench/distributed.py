@@ -17,6 +17,13 @@ rank's tensors are usable; storage bytes are summed over the ranks):
                    per rank (Shard(0) over the GPUs) into --dcp-dir, through
                    zerohop.dcp and through DCP's FileSystemWriter/Reader,
                    alternating first; loads checked bit-identical
+  sharded save     zerohop.checkpoint.save(..., group=) of --ckpt-gib GiB
+                   of GPU tensors per rank, to --dcp-dir (tmpfs) and to
+                   --cold-dir (disk), against every rank writing as many
+                   bytes from host memory at once (64 MiB writes, fsync):
+                   the raw parallel write rate of the same run; then
+                   restore_into (disk: page cache dropped first), checked
+                   bit-identical
 Before any timing, rank 0 touches --warm-gib GiB of fresh host memory once
 (the VM grows its memory on first touch, ~0.6 s per GiB: DCP's own writer
 stages through host memory and would pay that, zerohop's pinned staging is
@@ -25,7 +32,15 @@ their defaults.  Each cold row reads a fresh copy of the model (`zerohop gen --s
 written and synced first, page cache dropped before the load; the two
 cold loaders alternate first between rounds.  Targets (issue 13): cold
 read-once >= 1.7 x each-whole and storage bytes = one model; hot tp >= 0.9 x
-the single-GPU rate per rank; dcp through zerohop >= 2 x DCP's own storage.
+the single-GPU rate per rank; dcp through zerohop >= 2 x DCP's own storage;
+sharded save at the raw parallel write rate.
+
+`--cpu` runs every row on host memory over gloo, with small sizes, to
+check the script itself where there is no GPU:
+
+  torchrun --nproc-per-node 2 bench/distributed.py --cpu --size 64MiB --dcp-gib 0.05 \
+      --ckpt-gib 0.1 --warm-gib 0 --zerohop target/release/zerohop --cold-dir /tmp \
+      --dcp-dir /tmp --hot /tmp/model.safetensors
 """
 
 from __future__ import annotations
@@ -48,15 +63,20 @@ import zerohop  # noqa: E402
 import zerohop.distributed as zd  # noqa: E402
 
 
+def sync() -> None:
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed(rank: int, load) -> tuple[float, int]:
     """Seconds from a barrier until every rank is done, and this rank's
     storage bytes."""
     totals = [0]
     dist.barrier()
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
     tensors = load(lambda done, total: totals.__setitem__(0, total))
-    torch.cuda.synchronize()
+    sync()
     dist.barrier()
     seconds = time.perf_counter() - start
     del tensors
@@ -89,14 +109,21 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--dcp-dir", default="/dev/shm", help="where the DCP checkpoints go")
     p.add_argument("--dcp-gib", type=float, default=4.0, help="GiB of state per rank for the DCP rows")
+    p.add_argument("--ckpt-gib", type=float, default=8.0, help="GiB of state per rank for the sharded save rows")
     p.add_argument("--warm-gib", type=float, default=24.0, help="host memory to touch before timing")
+    p.add_argument("--cpu", action="store_true", help="host memory and gloo: a dry run of the script without GPUs")
     p.add_argument("--json-out")
     args = p.parse_args()
-    dist.init_process_group("nccl")
+    dist.init_process_group("gloo" if args.cpu else "nccl")
     rank = dist.get_rank()
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    device = f"cuda:{torch.cuda.current_device()}"
-    zerohop.prepare(device)
+    if args.cpu:
+        device = "cpu"
+        if rank == 0 and not os.path.exists(args.hot):
+            subprocess.run([args.zerohop, "gen", "--size", args.size, args.hot], check=True, stdout=subprocess.DEVNULL)
+    else:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        device = f"cuda:{torch.cuda.current_device()}"
+        zerohop.prepare(device)
     if rank == 0:
         warmed = warm_host_memory(args.warm_gib)
         print(f"warmed {warmed['gib']:.0f} GiB of host memory in {warmed['seconds']:.1f} s", flush=True)
@@ -111,10 +138,11 @@ def main() -> None:
         order = list(loaders) if rnd % 2 == 0 else list(reversed(loaders))
         for name in order:
             path = fresh_model(args, rank, name, 100 + 10 * rnd + order.index(name))
+            model_bytes = os.path.getsize(path)
             seconds, nbytes = timed(rank, loaders[name](path))
-            storage = sum(gather(nbytes))
+            storage = sum(gather(nbytes))  # every rank is done with the file past this
             rows.append({"row": f"cold {name}", "round": rnd, "seconds": seconds, "storage_bytes": storage,
-                         "model_bytes": os.path.getsize(path)})
+                         "model_bytes": model_bytes})
             if rank == 0:
                 os.unlink(path)
 
@@ -124,7 +152,7 @@ def main() -> None:
         if rank == 0:
             start = time.perf_counter()
             t = zerohop.load_file(args.hot, device=device)
-            torch.cuda.synchronize()
+            sync()
             single = os.path.getsize(args.hot) / (time.perf_counter() - start) / 1e9
             del t
         single = gather(single)[0]
@@ -133,11 +161,16 @@ def main() -> None:
         rows.append({"row": "hot tp", "round": rnd, "seconds": seconds, "rank_gbps": per_rank,
                      "single_gpu_gbps": single, "ratio": min(per_rank) / single})
 
-    rows += dcp_rows(args, rank)
+    rows += dcp_rows(args, rank, device)
+    rows += sharded_save_rows(args, rank, device)
 
     if rank == 0:
         for r in rows:
-            if r["row"].startswith("dcp"):
+            if r["row"].startswith("sharded"):
+                print(f"{r['row']:<16} round {r['round']}: save {r['save_gbps']:.1f} GB/s = {r['save_gbps'] / r['raw_gbps']:.2f} x "
+                      f"the raw parallel write ({r['raw_gbps']:.1f}), restore {r['restore_gbps']:.1f} GB/s (all ranks' bytes), "
+                      f"identical {r['identical']}")
+            elif r["row"].startswith("dcp"):
                 print(f"{r['row']:<16} round {r['round']}: save {r['save_gbps']:.1f} GB/s, load {r['load_gbps']:.1f} GB/s "
                       f"(all ranks' bytes), identical {r['identical']}")
             elif r["row"].startswith("cold"):
@@ -157,7 +190,7 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def dcp_rows(args, rank: int) -> list[dict]:
+def dcp_rows(args, rank: int, device: str) -> list[dict]:
     """dcp.save and dcp.load of the same DTensors through zerohop.dcp and
     through DCP's own file system storage, same run."""
     import shutil
@@ -169,11 +202,11 @@ def dcp_rows(args, rank: int) -> list[dict]:
     import zerohop.dcp
 
     world = dist.get_world_size()
-    mesh = init_device_mesh("cuda", (world,))
+    mesh = init_device_mesh(device.split(":")[0], (world,))
     count = 8
-    rows_each = int(args.dcp_gib * (1 << 30)) // count // 2 // 4096
-    g = torch.Generator(device="cuda").manual_seed(1)
-    state = {f"w{i}": distribute_tensor(torch.randn(rows_each * world, 4096, generator=g, device="cuda")
+    rows_each = max(1, int(args.dcp_gib * (1 << 30)) // count // 2 // 4096)
+    g = torch.Generator(device=device).manual_seed(1)
+    state = {f"w{i}": distribute_tensor(torch.randn(rows_each * world, 4096, generator=g, device=device)
                                         .to(torch.bfloat16), mesh, [Shard(0)]) for i in range(count)}
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     storages = {"zerohop": (zerohop.dcp.StorageWriter, zerohop.dcp.StorageReader),
@@ -196,6 +229,60 @@ def dcp_rows(args, rank: int) -> list[dict]:
             if rank == 0:
                 shutil.rmtree(path, ignore_errors=True)
     return out
+
+
+def sharded_save_rows(args, rank: int, device: str) -> list[dict]:
+    """zerohop.checkpoint.save(group=) and restore_into of --ckpt-gib GiB
+    per rank, to tmpfs and to disk, against the raw parallel write rate."""
+    import shutil
+
+    import zerohop.checkpoint as ckpt
+
+    world = dist.get_world_size()
+    count = 8
+    numel = max(1, int(args.ckpt_gib * (1 << 30)) // count // 2)
+    g = torch.Generator(device=device).manual_seed(2 + rank)
+    state = {f"s{i}": torch.randn(numel, generator=g, device=device).to(torch.bfloat16) for i in range(count)}
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    host = torch.ones(nbytes, dtype=torch.uint8)  # what each rank writes raw
+    group = dist.group.WORLD
+    out = []
+    for where, root in (("tmpfs", args.dcp_dir), ("disk", args.cold_dir)):
+        for rnd in range(args.rounds):
+            raw = os.path.join(root, f"zerohop-raw-{rnd}-{rank}")
+            raw_s, _ = timed(rank, lambda progress: write_raw(raw, host))
+            os.unlink(raw)
+            path = os.path.join(root, f"zerohop-sharded-{rnd}")
+            if rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+            save_s, _ = timed(rank, lambda progress: ckpt.save(state, path, group=group))
+            if where == "disk" and rank == 0:
+                drop_page_cache([os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs])
+            back = {k: torch.zeros_like(v) for k, v in state.items()}
+            restore_s, _ = timed(rank, lambda progress: ckpt.restore_into(back, path, group=group))
+            same = all(torch.equal(back[k], v) for k, v in state.items())
+            total = nbytes * world
+            out.append({"row": f"sharded {where}", "round": rnd, "save_gbps": total / save_s / 1e9,
+                        "raw_gbps": total / raw_s / 1e9, "restore_gbps": total / restore_s / 1e9,
+                        "identical": all(gather(same))})
+            del back
+            dist.barrier()
+            if rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
+def write_raw(path: str, host) -> None:
+    """`host`'s bytes to a new file at `path`, 64 MiB per write, durable."""
+    view = memoryview(host.numpy())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        step = 64 << 20
+        for at in range(0, len(view), step):
+            os.pwrite(fd, view[at : at + step], at)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 if __name__ == "__main__":

@@ -271,14 +271,18 @@ device() {
         distributed)
             # zerohop.distributed on every GPU of the machine (the
             # nvidia-h200-x2 kind: run(kind="nvidia-h200-x2")), one process
-            # per GPU over NCCL: the Python tests (test_distributed.py runs
-            # gloo ranks) and bench/distributed.py (cold read-once against
-            # every rank reading the whole file, hot TP=2 against one GPU).
+            # per GPU over NCCL: the Python tests (gloo ranks) and
+            # bench/distributed.py (cold read-once against every rank
+            # reading the whole file, hot TP=2 against one GPU, DCP through
+            # zerohop against DCP's own, sharded saves against the raw
+            # parallel write rate; ZEROHOP_DIST_ARGS adds options).
             install_wheels; ensure_hot
-            python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_distributed.py 2>&1 | tee "$OUT/distributed-tests.txt"
+            ZEROHOP_BIN="$PWD/.stage/bin/zerohop" python3 -m pytest -q -rs -p no:cacheprovider \
+                python/tests/test_distributed.py python/tests/test_sharded_checkpoint.py 2>&1 | tee "$OUT/distributed-tests.txt"
+            # shellcheck disable=SC2086 # ZEROHOP_DIST_ARGS is a list of options
             PYTHONUNBUFFERED=1 torchrun --nproc-per-node "$(nvidia-smi -L | wc -l)" bench/distributed.py \
                 --zerohop .stage/bin/zerohop --cold-dir /var/tmp --hot $HOT \
-                --json-out "$OUT/distributed.json" 2>&1 | tee "$OUT/distributed.txt"
+                ${ZEROHOP_DIST_ARGS:-} --json-out "$OUT/distributed.json" 2>&1 | tee "$OUT/distributed.txt"
             ;;
         *) echo "unknown step $step"; exit 2 ;;
         esac

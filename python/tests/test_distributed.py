@@ -142,3 +142,27 @@ def test_a_dcp_save_that_never_committed_is_no_checkpoint(tmp_path):
     # metadata is None).
     with pytest.raises(CheckpointException):
         dcp.load({"x": torch.zeros(2)}, storage_reader=zerohop.dcp.StorageReader(tmp_path / "c"))
+
+
+def test_the_distributed_benchmark_runs_on_host_memory(tmp_path):
+    """bench/distributed.py --cpu: every row, small, over gloo, so the
+    script the two-GPU machine runs is known to work before it gets there."""
+    import json
+    import subprocess
+    import sys
+
+    binary = os.environ.get("ZEROHOP_BIN")
+    if not binary:
+        pytest.skip("ZEROHOP_BIN (the zerohop binary, for `gen`) is not set")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "distributed.py")
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", script, "--cpu",
+                    "--rounds", "1", "--size", "16MiB", "--dcp-gib", "0.01", "--ckpt-gib", "0.02", "--warm-gib", "0",
+                    "--zerohop", binary, "--cold-dir", str(tmp_path), "--dcp-dir", str(tmp_path),
+                    "--hot", str(tmp_path / "model.safetensors"), "--json-out", str(out)], check=True, timeout=300)
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["row"] for r in rows} == {"cold read-once", "cold each-whole", "hot tp", "dcp zerohop", "dcp dcp-own",
+                                        "sharded tmpfs", "sharded disk"}
+    assert all(r["identical"] for r in rows if "identical" in r)
+    once, each = (next(r for r in rows if r["row"] == f"cold {n}") for n in ("read-once", "each-whole"))
+    assert once["storage_bytes"] * 2 == each["storage_bytes"] and once["storage_bytes"] <= once["model_bytes"]
