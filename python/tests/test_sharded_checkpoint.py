@@ -37,6 +37,8 @@ def test_a_sharded_save_loads_back_at_its_own_and_other_world_sizes(tmp_path):
     # Every rank's part and the replicated one are verified.
     v = ckpt.verify(step)
     assert v.chunks >= 3 and v.bytes >= sum(t.numel() * t.element_size() for t in _full().values())
+    with pytest.raises(ValueError, match="is a sharded checkpoint: every rank loads it with group="):
+        ckpt.load(step)
     ok(run(tmp_path, "load", 1))
     ok(run(tmp_path, "restore", 1))
     # Resharded: DTensors only, so the state of a 2-rank save with a plain

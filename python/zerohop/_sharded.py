@@ -115,7 +115,7 @@ def save(state: Any, dir: Any, group: Any, progress: Any) -> Dict[str, Any]:
                 replicated.buffers[name] = _buffers.describe(value.to_local(), writable=False)
         if world.rank == 0:
             os.mkdir(dir)  # refuses an existing directory, before anyone writes
-    except (OSError, ValueError, TypeError) as e:
+    except Exception as e:  # raised on every rank by the agreement below
         failure = e
     every = _gather(world, failure, layout)
     try:
@@ -124,14 +124,14 @@ def save(state: Any, dir: Any, group: Any, progress: Any) -> Dict[str, Any]:
         if replicated.buffers:
             nodes = [{"tensor": n, "device": b.device, "framework": "pt"} for n, b in sorted(replicated.buffers.items())]
             ckpt._save_flat(replicated, {"list": nodes}, os.path.join(dir, REPLICATED_DIR), None, progress)
-    except (OSError, ValueError, TypeError, RuntimeError) as e:
+    except Exception as e:  # as above
         failure = e
     # Every rank's data is durable (or some rank failed) past this point.
     _agree(world, failure)
     if world.rank == 0:
         try:
             write_durably(os.path.join(dir, COMMIT), json.dumps(commit, indent=1).encode())
-        except OSError as e:
+        except Exception as e:  # as above
             failure = e
     _agree(world, failure)
     return result
@@ -231,7 +231,7 @@ def load(dir: Any, device: Any, group: Any, progress: Any) -> Any:
                 local = _rows(dir, name, v, world, old_parts, place, progress)
             tensors[DTENSOR_PREFIX + name] = _as_dtensor(local, mesh, v)
         state = tensors if skeleton is None else ckpt._decode_state(dir, skeleton, tensors)
-    except (OSError, ValueError, TypeError, KeyError) as e:
+    except Exception as e:  # raised on every rank by the agreement below
         failure = e
     _agree(world, failure)
     return state
@@ -334,7 +334,7 @@ def restore_into(state: Any, dir: Any, group: Any, progress: Any) -> None:
         ckpt._restore_flat(flat, mine, rank_dir(dir, world.rank, world.size), progress)
         if replicated.buffers:
             ckpt._restore(os.path.join(dir, REPLICATED_DIR), replicated.buffers, progress)
-    except (OSError, ValueError, TypeError, KeyError) as e:
+    except Exception as e:  # raised on every rank by the agreement below
         failure = e
     _agree(world, failure)
 

@@ -106,7 +106,8 @@ def save(
     `torch.distributed.group.WORLD`), every rank of it calls `save` with
     its own state and the same `dir`: each writes its own tensors and the
     local shards of its DTensors, in parallel, and the checkpoint is
-    committed once every rank's data is durable (see `zerohop._sharded`)."""
+    committed once every rank's data is durable (see `zerohop._sharded`);
+    each rank gets what its own part's save did."""
     if group is not None:
         return _sharded.save(state, dir, group, progress)
     flat = _Flattener()
@@ -166,10 +167,16 @@ def load(
     resharded (and nothing else may be in the state)."""
     if group is not None:
         return _sharded.load(dir, device, group, progress)
+    _refuse_sharded(dir)
     skeleton, tensors = _load_tensors(dir, device, progress)
     if skeleton is None:  # saved by the CLI or the Rust API: entries by name
         return tensors
     return _decode_state(dir, skeleton, tensors)
+
+
+def _refuse_sharded(dir: PathLike) -> None:
+    if _sharded.is_sharded(dir):
+        raise ValueError(f"{os.fspath(dir)} is a sharded checkpoint: every rank loads it with group=")
 
 
 def _decode_state(dir: PathLike, skeleton: Any, tensors: Dict[str, Any]) -> Any:
@@ -257,6 +264,7 @@ def restore_into(state: Any, dir: PathLike, progress: Progress = False, group: A
     saved with `group=` is restored with `group=`, at the same world size."""
     if group is not None:
         return _sharded.restore_into(state, dir, group, progress)
+    _refuse_sharded(dir)
     flat = _Flattener(writable=True)
     mine = flat.encode(state, [])
     if flat.dtensors:
