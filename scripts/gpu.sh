@@ -25,11 +25,11 @@ stage() {
     # The test targets that hold GPU tests (#[ignore = "needs an NVIDIA
     # GPU"] here); the rest run in CI. Fewer binaries keep the carried
     # tree under the device tool's size limit.
-    CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --locked --release -p zerohop -p zerohop-checkpoint -p zerohop-cuda \
+    CARGO_PROFILE_RELEASE_DEBUG=0 cargo test --locked --release -p zerohop -p zerohop-checkpoint -p zerohop-cuda -p zerohop-suspend \
         --no-run --message-format=json 2>/dev/null \
         | python3 -c '
 import json, sys, shutil
-gpu = {"gpu", "checkpoint_gpu", "driver", "xxh3_kernel"}
+gpu = {"gpu", "checkpoint_gpu", "driver", "xxh3_kernel", "suspend_gpu"}
 for line in sys.stdin:
     m = json.loads(line)
     exe = m.get("executable")

@@ -24,7 +24,7 @@ pub use error::{CudaError, CudaErrorKind};
 pub use ipc::{allocation_range, export_ipc, IpcExport, IpcHandleBytes, IpcMapping};
 pub use memory::{DeviceAllocation, DevicePtr, HostRegistration, PinnedBuffer};
 pub use stream::{synchronize_foreign_stream, Event, Stream};
-pub use vmm::{export_vmm, VmmAllocation, VmmExport, VmmMapping};
+pub use vmm::{export_vmm, Reservation, VmmAllocation, VmmExport, VmmMapping};
 
 /// Result of a CUDA driver call.
 pub type Result<T> = std::result::Result<T, CudaError>;

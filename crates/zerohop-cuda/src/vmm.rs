@@ -42,34 +42,81 @@ impl Mapped {
             base: 0,
             size: 0,
         };
-        // SAFETY: reserves `size` bytes of address space; writes one address.
-        check(
-            unsafe { sys::cuMemAddressReserve(&mut m.base, size, 0, 0, 0) },
-            "cuMemAddressReserve",
-        )?;
-        // SAFETY: maps the whole allocation at the reserved range.
-        let mapped = check(
-            unsafe { sys::cuMemMap(m.base, size, 0, handle, 0) },
-            "cuMemMap",
-        );
-        if let Err(e) = mapped {
+        m.base = reserve(size)?;
+        if let Err(e) = map_at(ctx, m.base, size, handle) {
             // SAFETY: frees the reservation made above (nothing mapped).
             unsafe { sys::cuMemAddressFree(m.base, size) };
             m.base = 0;
             return Err(e);
         }
         m.size = size;
-        let access = sys::CUmemAccessDesc {
-            location: properties(ctx).location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: the range is mapped; one access descriptor.
-        check(
-            unsafe { sys::cuMemSetAccess(m.base, size, &access, 1) },
-            "cuMemSetAccess",
-        )?;
         Ok(m)
     }
+}
+
+/// `len` rounded up to the device's allocation granularity (at least one
+/// granule).
+fn granular(ctx: &Context, len: usize) -> Result<usize> {
+    let prop = properties(ctx);
+    let mut granularity = 0;
+    // SAFETY: writes one size; `prop` is a valid description.
+    check(
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        },
+        "cuMemGetAllocationGranularity",
+    )?;
+    Ok(len.max(1).div_ceil(granularity.max(1)) * granularity.max(1))
+}
+
+/// New physical memory of `size` bytes (a multiple of the granularity).
+fn create(ctx: &Context, size: usize) -> Result<Handle> {
+    let mut handle = 0;
+    // SAFETY: writes one handle; the description is valid.
+    check(
+        unsafe { sys::cuMemCreate(&mut handle, size, &properties(ctx), 0) },
+        "cuMemCreate",
+    )?;
+    Ok(handle)
+}
+
+/// Reserves `size` bytes of device address space.
+fn reserve(size: usize) -> Result<DevicePtr> {
+    let mut base = 0;
+    // SAFETY: reserves address space; writes one address.
+    check(
+        unsafe { sys::cuMemAddressReserve(&mut base, size, 0, 0, 0) },
+        "cuMemAddressReserve",
+    )?;
+    Ok(base)
+}
+
+/// Maps all of `handle` (`size` bytes) at the reserved `base`, readable
+/// and writable by this context's device; unmapped again on an error.
+fn map_at(ctx: &Context, base: DevicePtr, size: usize, handle: Handle) -> Result<()> {
+    // SAFETY: maps the whole allocation at a reserved, unmapped range.
+    check(
+        unsafe { sys::cuMemMap(base, size, 0, handle, 0) },
+        "cuMemMap",
+    )?;
+    let access = sys::CUmemAccessDesc {
+        location: properties(ctx).location,
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: the range is mapped; one access descriptor.
+    let granted = check(
+        unsafe { sys::cuMemSetAccess(base, size, &access, 1) },
+        "cuMemSetAccess",
+    );
+    if granted.is_err() {
+        // SAFETY: undoes the mapping just made, which nothing has used.
+        unsafe { sys::cuMemUnmap(base, size) };
+    }
+    granted
 }
 
 impl Drop for Mapped {
@@ -97,26 +144,8 @@ impl VmmAllocation {
     /// At least `len` bytes (rounded up to the allocation granularity).
     pub fn new(ctx: &Arc<Context>, len: usize) -> Result<Self> {
         ctx.bind()?;
-        let prop = properties(ctx);
-        let mut granularity = 0;
-        // SAFETY: writes one size; `prop` is a valid description.
-        check(
-            unsafe {
-                sys::cuMemGetAllocationGranularity(
-                    &mut granularity,
-                    &prop,
-                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-                )
-            },
-            "cuMemGetAllocationGranularity",
-        )?;
-        let size = len.max(1).div_ceil(granularity.max(1)) * granularity.max(1);
-        let mut handle = 0;
-        // SAFETY: writes one handle; `prop` is a valid description.
-        check(
-            unsafe { sys::cuMemCreate(&mut handle, size, &prop, 0) },
-            "cuMemCreate",
-        )?;
+        let size = granular(ctx, len)?;
+        let handle = create(ctx, size)?;
         Ok(VmmAllocation(Mapped::new(ctx, handle, size)?))
     }
 
@@ -213,5 +242,90 @@ impl VmmMapping {
 
     pub fn is_empty(&self) -> bool {
         self.0.size == 0
+    }
+}
+
+/// Device addresses reserved once, whose memory can be released and
+/// created again at the same addresses (see `zerohop::device::ReservedMemory`).
+#[derive(Debug)]
+pub struct Reservation {
+    ctx: Arc<Context>,
+    base: DevicePtr,
+    size: usize,
+    /// The physical memory mapped at the range, while backed.
+    backing: Option<Handle>,
+}
+
+impl Reservation {
+    /// At least `len` bytes of addresses (rounded up to the granularity),
+    /// with no memory behind them yet.
+    pub fn new(ctx: &Arc<Context>, len: usize) -> Result<Self> {
+        ctx.bind()?;
+        let size = granular(ctx, len)?;
+        Ok(Reservation {
+            ctx: ctx.clone(),
+            base: reserve(size)?,
+            size,
+            backing: None,
+        })
+    }
+
+    pub fn ptr(&self) -> DevicePtr {
+        self.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.size
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    pub fn is_backed(&self) -> bool {
+        self.backing.is_some()
+    }
+
+    /// Creates memory and maps it at the range (nothing when backed);
+    /// out of device memory, the range stays unbacked.
+    pub fn back(&mut self) -> Result<()> {
+        if self.backing.is_none() {
+            self.ctx.bind()?;
+            let handle = create(&self.ctx, self.size)?;
+            if let Err(e) = map_at(&self.ctx, self.base, self.size, handle) {
+                // SAFETY: the handle was never mapped.
+                unsafe { sys::cuMemRelease(handle) };
+                return Err(e);
+            }
+            self.backing = Some(handle);
+        }
+        Ok(())
+    }
+
+    /// Unmaps and frees the memory, keeping the addresses reserved.
+    pub fn release(&mut self) -> Result<()> {
+        if let Some(handle) = self.backing {
+            self.ctx.bind()?;
+            // SAFETY: unmaps what `back` mapped; the caller finished every
+            // use of the range first.
+            check(
+                unsafe { sys::cuMemUnmap(self.base, self.size) },
+                "cuMemUnmap",
+            )?;
+            // SAFETY: the handle is no longer mapped anywhere.
+            check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")?;
+            self.backing = None;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.release().is_ok() && self.ctx.bind().is_ok() {
+            // SAFETY: frees the reservation this value made; nothing is
+            // mapped in it any more.
+            unsafe { sys::cuMemAddressFree(self.base, self.size) };
+        }
     }
 }

@@ -20,6 +20,8 @@ pub mod safetensors;
 pub mod staging;
 pub mod stats;
 pub mod storage;
+#[cfg(test)]
+mod test_support;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -1,12 +1,12 @@
 use super::{
     wait_for_buffer_streams, CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceChecksums,
-    DeviceKind, Fence, HostPin, StagingMemory,
+    DeviceKind, Fence, HostPin, ReservedMemory, StagingMemory,
 };
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex, OnceLock};
 use zerohop_cuda::{
     Context, CudaError, DeviceAllocation, DeviceRange, Driver, Event, HostRegistration,
-    PinnedBuffer, Stream, Xxh3Kernel, XXH3_KERNEL_MIN_BYTES,
+    PinnedBuffer, Reservation, Stream, Xxh3Kernel, XXH3_KERNEL_MIN_BYTES,
 };
 
 /// The driver's CUDA version ("13.0") and the number of GPUs; an error
@@ -128,6 +128,12 @@ impl Device for CudaDevice {
 
     fn checksums(&self) -> Option<&dyn DeviceChecksums> {
         Some(self)
+    }
+
+    fn reserve(&self, len: usize) -> Result<Option<Box<dyn ReservedMemory>>> {
+        Ok(Some(Box::new(GpuReservation(Reservation::new(
+            &self.ctx, len,
+        )?))))
     }
 
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
@@ -296,5 +302,31 @@ impl Drop for CudaFence {
         if let Some(e) = self.event.take() {
             self.spare.lock().unwrap_or_else(|p| p.into_inner()).push(e);
         }
+    }
+}
+
+/// GPU addresses whose memory can be released and re-created in place
+/// (the driver's virtual memory management).
+struct GpuReservation(Reservation);
+
+impl ReservedMemory for GpuReservation {
+    fn addr(&self) -> DeviceAddr {
+        self.0.ptr()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_backed(&self) -> bool {
+        self.0.is_backed()
+    }
+
+    fn back(&mut self) -> Result<()> {
+        self.0.back().map_err(Error::from)
+    }
+
+    fn release(&mut self) -> Result<()> {
+        self.0.release().map_err(Error::from)
     }
 }

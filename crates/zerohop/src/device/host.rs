@@ -3,7 +3,8 @@
 //! copies done at once by `memcpy`.
 
 use super::{
-    CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceKind, Fence, HostPin, StagingMemory,
+    CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceKind, Fence, HostPin, HostReservation,
+    ReservedMemory, StagingMemory,
 };
 use crate::{Error, ErrorKind, Result};
 use std::alloc::Layout;
@@ -61,6 +62,10 @@ impl Device for HostDevice {
 
     fn copies_by_dma(&self) -> bool {
         false
+    }
+
+    fn reserve(&self, len: usize) -> Result<Option<Box<dyn ReservedMemory>>> {
+        Ok(Some(Box::new(HostReservation::new(len)?)))
     }
 
     fn pins_staging(&self) -> bool {

@@ -8,6 +8,7 @@ mod checksums;
 mod cuda;
 mod host;
 mod name;
+mod reserved;
 
 pub use checksums::DeviceChecksums;
 pub use cuda::{cuda_driver_summary, CudaDevice};
@@ -15,6 +16,7 @@ pub use host::HostDevice;
 #[cfg(feature = "testing")]
 pub(crate) use host::HostMemory;
 pub use name::{open_device, open_gpu, DeviceName, DEVICE_HELP};
+pub use reserved::{HostReservation, ReservedMemory};
 
 use crate::{Error, Result};
 use std::any::Any;
@@ -325,6 +327,14 @@ pub trait Device: Send + Sync {
     /// staging).
     fn checksums(&self) -> Option<&dyn DeviceChecksums> {
         None
+    }
+
+    /// Reserves at least `len` bytes of this device's addresses, whose
+    /// memory can be released and re-created at the same addresses
+    /// (unbacked at first); `None` where this device cannot.
+    fn reserve(&self, len: usize) -> Result<Option<Box<dyn ReservedMemory>>> {
+        let _ = len;
+        Ok(None)
     }
 
     /// Copies device memory back to the host, synchronously (for `--verify`).

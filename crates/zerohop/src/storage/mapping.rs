@@ -238,6 +238,7 @@ pub fn page_cache_residency(file: &File, len: u64) -> io::Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::resident_kib;
     use std::io::Write;
 
     /// Sampling sees a file half dropped from the page cache as about half
@@ -294,16 +295,5 @@ mod tests {
             resident <= 16,
             "{resident} KiB of the mapping still in our page tables"
         );
-    }
-
-    /// `Rss` of the mapping at `start`, from /proc/self/smaps.
-    fn resident_kib(start: usize) -> u64 {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut lines = smaps
-            .lines()
-            .skip_while(|l| !l.starts_with(&format!("{start:x}-")));
-        assert!(lines.next().is_some(), "mapping at {start:x} not in smaps");
-        let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
-        rss.split_whitespace().nth(1).unwrap().parse().unwrap()
     }
 }

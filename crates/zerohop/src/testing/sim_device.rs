@@ -6,7 +6,7 @@
 
 use crate::device::{
     wait_for_buffer_streams, CopyQueue, Device, DeviceAddr, DeviceBuffer, DeviceChecksums,
-    DeviceKind, Fence, HostMemory, HostPin, StagingMemory,
+    DeviceKind, Fence, HostMemory, HostPin, HostReservation, ReservedMemory, StagingMemory,
 };
 use crate::{Error, ErrorKind, Result};
 use std::collections::BTreeMap;
@@ -232,6 +232,11 @@ impl Device for SimDevice {
 
     fn copies_by_dma(&self) -> bool {
         self.config.copies_by_dma
+    }
+
+    fn reserve(&self, len: usize) -> Result<Option<Box<dyn ReservedMemory>>> {
+        // Host memory, as every simulated allocation is.
+        Ok(Some(Box::new(HostReservation::new(len)?)))
     }
 
     fn pins_staging(&self) -> bool {
