@@ -2,9 +2,12 @@
 
 Drop-in loading and saving of safetensors files (`load_file`, `safe_open`,
 `save_file`), checkpoints of nested training state (`zerohop.checkpoint`),
-and raw reads and writes between files and any contiguous tensor or buffer
-(`read_into`, `write_from`). Memory is always allocated by PyTorch (or
-NumPy); zerohop only moves bytes, with the GIL released.
+raw reads and writes between files and any contiguous tensor or buffer
+(`read_into`, `write_from`), and GPU memory suspended to storage and
+resumed at the same addresses (`suspendable`, `suspend`, `resume`).
+Tensors are always allocated by PyTorch (or NumPy; inside `suspendable`,
+PyTorch takes the memory from zerohop); zerohop moves bytes with the GIL
+released.
 
 NumPy users pass `framework="np"` to `load_file` and `safe_open` to get
 arrays instead of torch tensors (torch need not be installed);
@@ -20,6 +23,7 @@ from typing import Any, Dict, Optional, Union
 from . import _buffers, _native, agent, checkpoint
 from ._native import IntegrityError
 from ._safetensors import TensorSlice, load_file, safe_open, save_file
+from ._suspend import resume, suspend, suspendable
 
 __version__ = _native.__version__
 __all__ = [
@@ -31,8 +35,11 @@ __all__ = [
     "load_file",
     "prepare",
     "read_into",
+    "resume",
     "safe_open",
     "save_file",
+    "suspend",
+    "suspendable",
     "write_from",
 ]
 

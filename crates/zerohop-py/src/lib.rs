@@ -13,6 +13,7 @@ mod engines;
 mod errors;
 mod progress;
 mod progress_line;
+mod suspend;
 mod transfers;
 
 use pyo3::prelude::*;
@@ -35,6 +36,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_restore, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_verify, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checksums, m)?)?;
+    m.add_function(wrap_pyfunction!(suspend::heap_alloc, m)?)?;
+    m.add_function(wrap_pyfunction!(suspend::heap_free, m)?)?;
+    m.add_function(wrap_pyfunction!(suspend::heap_state, m)?)?;
+    m.add_function(wrap_pyfunction!(suspend::heap_suspend, m)?)?;
+    m.add_function(wrap_pyfunction!(suspend::heap_resume, m)?)?;
     m.add_class::<agent::AgentClient>()?;
     m.add_class::<agent::AgentHostBuffer>()?;
     m.add_class::<agent::AgentRing>()?;

@@ -1,0 +1,66 @@
+"""GPU memory of this process suspended to storage and back
+(`zerohop.suspendable`, `zerohop.suspend`, `zerohop.resume`).
+
+Tensors made inside `with zerohop.suspendable():` take their memory from
+zerohop's suspendable heap, through PyTorch's pluggable allocator: every
+allocation is a reserved range of GPU addresses with memory behind it.
+`suspend(dir)` writes all of it to a new checkpoint (checksummed, durable,
+incremental against `parent=`) and gives the memory back to the driver;
+`resume(dir)` takes memory again at the very same addresses and restores
+it, verified, so the tensors (and whatever holds their pointers: captured
+CUDA graphs, kernels' arguments) are as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any, Dict, Iterator, Optional, Union
+
+from . import _buffers, _native
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@contextlib.contextmanager
+def suspendable(device: Any = "cuda") -> Iterator[Any]:
+    """Within it, PyTorch allocates on `device` (a GPU) from zerohop's
+    suspendable heap. Yields the `torch.cuda.MemPool` it uses; keep it
+    while its tensors live."""
+    import torch
+
+    name = _buffers.device_name(device)
+    if not name.startswith("cuda"):
+        raise ValueError(f"suspendable memory is GPU memory, not {name!r}")
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        _native.__file__, "zerohop_suspendable_alloc", "zerohop_suspendable_free"
+    )
+    pool = torch.cuda.MemPool(allocator.allocator())
+    with torch.cuda.use_mem_pool(pool, device=torch.device(name)):
+        yield pool
+
+
+def suspend(dir: PathLike, device: Any = "cuda", parent: Optional[PathLike] = None, progress: Any = False) -> Dict[str, Any]:
+    """Waits for `device`'s work, saves every allocation of its suspendable
+    heap as a new checkpoint at `dir` (incrementally against `parent`, an
+    earlier suspend's), and gives the memory back. Until `resume` returns,
+    the heap's tensors must not be used. Returns the seconds until durable,
+    the bytes written and released, and the save's stats."""
+    name = _buffers.device_name(device)
+    if name.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(name)
+    stats, seconds, written, released = _native.heap_suspend(
+        name, os.fspath(dir), os.fspath(parent) if parent is not None else None, progress
+    )
+    return {"seconds": seconds, "written_bytes": written, "released_bytes": released, "stats": json.loads(stats)}
+
+
+def resume(dir: PathLike, device: Any = "cuda", progress: Any = False) -> Dict[str, Any]:
+    """Takes the memory back at the same addresses and restores it from
+    `dir`, every chunk verified. On an error (the memory is held by another
+    process, the checkpoint is missing or damaged) the heap stays suspended
+    and can be resumed later. Returns the restore's stats."""
+    return json.loads(_native.heap_resume(_buffers.device_name(device), os.fspath(dir), progress))
