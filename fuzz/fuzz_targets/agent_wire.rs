@@ -1,28 +1,39 @@
 //! What the agent reads from its clients, on arbitrary bytes: control
-//! messages (decoded or refused, never a panic; an accepted one encodes back
-//! to itself), and a ring whose indices and entries a hostile client wrote
-//! (corruption is detected; entries that pass the checks lie inside the
-//! registered buffer).
+//! messages and suspend requests (decoded or refused, never a panic; an
+//! accepted one encodes back to itself), and a ring whose indices and
+//! entries a hostile client wrote (corruption is detected; entries that
+//! pass the checks lie inside the registered buffer).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use zerohop_wire::control::{decode_request, encode, handle_from_hex, Request};
 use zerohop_wire::ring::{check_entry, ring_bytes, Ring};
 use zerohop_wire::shm::SharedMemory;
+use zerohop_wire::suspend::decode_suspend_request;
 
 const ENTRIES: u32 = 8;
 const BUFFER: u64 = 1 << 20;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, body)) = data.split_first() else { return };
-    if mode % 2 == 0 {
-        if let Ok(r) = decode_request(body) {
-            assert_eq!(decode_request(&encode(&r)).unwrap(), r);
-            if let Request::RegisterCudaIpc { handle, .. } = &r {
-                let _ = handle_from_hex(handle);
+    match mode % 3 {
+        0 => {
+            if let Ok(r) = decode_request(body) {
+                assert_eq!(decode_request(&encode(&r)).unwrap(), r);
+                if let Request::RegisterCudaIpc { handle, .. } = &r {
+                    let _ = handle_from_hex(handle);
+                }
             }
+            return;
         }
-        return;
+        // What a process serving suspend requests reads.
+        2 => {
+            if let Ok(r) = decode_suspend_request(body) {
+                assert_eq!(decode_suspend_request(&encode(&r)).unwrap(), r);
+            }
+            return;
+        }
+        _ => {}
     }
     let len = ring_bytes(ENTRIES);
     let client_mem = SharedMemory::create("fuzz-ring", len).unwrap();

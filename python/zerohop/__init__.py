@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional, Union
 from . import _buffers, _native, agent, checkpoint
 from ._native import IntegrityError
 from ._safetensors import TensorSlice, load_file, safe_open, save_file
-from ._suspend import resume, suspend, suspendable
+from ._suspend import resume, serve_suspend, suspend, suspendable
 
 __version__ = _native.__version__
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "resume",
     "safe_open",
     "save_file",
+    "serve_suspend",
     "suspend",
     "suspendable",
     "write_from",

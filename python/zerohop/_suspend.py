@@ -64,3 +64,31 @@ def resume(dir: PathLike, device: Any = "cuda", progress: Any = False) -> Dict[s
     process, the checkpoint is missing or damaged) the heap stays suspended
     and can be resumed later. Returns the restore's stats."""
     return json.loads(_native.heap_resume(_buffers.device_name(device), os.fspath(dir), progress))
+
+
+def serve_suspend(device: Any = "cuda", lock: Any = None, path: Optional[PathLike] = None) -> Any:
+    """Lets `zerohop suspend PID DIR` and `zerohop resume PID DIR` (another
+    process, the same user) suspend and resume this process's heap on
+    `device`. A suspend first takes `lock` (any object with `acquire` and
+    `release`, such as the `threading.Lock` the process holds while it uses
+    the GPU) and waits for the device's work; it keeps the lock until a
+    resume succeeds. Without a lock the process promises to leave its
+    suspendable tensors alone whenever such a request may come. Serves at
+    `path` (default: `zerohop suspend` finds it by PID) until the object
+    returned is closed (`.close()`) or dropped."""
+    name = _buffers.device_name(device)
+
+    def pause() -> None:
+        if lock is not None:
+            lock.acquire()
+        if name.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(name)
+
+    def unpause() -> None:
+        if lock is not None:
+            lock.release()
+
+    where = os.fspath(path) if path is not None else _native.suspend_socket_path(os.getpid())
+    return _native.serve_suspend(name, where, pause, unpause)

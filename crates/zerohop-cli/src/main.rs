@@ -11,6 +11,7 @@ mod info;
 mod load;
 mod progress;
 mod size;
+mod suspend;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -52,6 +53,12 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Run the I/O agent that serves other processes (`agent status`: ask one).
     Agent(agent::AgentArgs),
+    /// Ask a process to write its suspendable GPU memory to a checkpoint
+    /// and hand the memory back (it serves requests: zerohop.serve_suspend).
+    Suspend(suspend::SuspendArgs),
+    /// Ask a suspended process to take its GPU memory back, restored from
+    /// the checkpoint and verified, at the same addresses.
+    Resume(suspend::ResumeArgs),
     /// Generate a demo model, load it, checkpoint it and restore it.
     ///
     /// Into the GPU, or host memory without one. Its files are removed at
@@ -75,6 +82,8 @@ fn main() -> ExitCode {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Demo(args) => demo::run(&args),
         Command::Agent(args) => agent::run(args),
+        Command::Suspend(args) => suspend::suspend(&args),
+        Command::Resume(args) => suspend::resume(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -41,6 +41,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(suspend::heap_state, m)?)?;
     m.add_function(wrap_pyfunction!(suspend::heap_suspend, m)?)?;
     m.add_function(wrap_pyfunction!(suspend::heap_resume, m)?)?;
+    m.add_function(wrap_pyfunction!(suspend::serve_suspend, m)?)?;
+    m.add_function(wrap_pyfunction!(suspend::suspend_socket_path, m)?)?;
+    m.add_class::<suspend::SuspendServer>()?;
     m.add_class::<agent::AgentClient>()?;
     m.add_class::<agent::AgentHostBuffer>()?;
     m.add_class::<agent::AgentRing>()?;

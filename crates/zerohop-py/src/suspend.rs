@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
+use zerohop_suspend::control::{self, ControlServer, QuietPoint};
 use zerohop_suspend::SuspendableHeap;
 
 /// The heap of `place`, made on first use.
@@ -99,6 +100,63 @@ pub fn heap_resume(
     // SAFETY: as in `heap_suspend`: nothing touches the memory meanwhile.
     let stats = py.detach(|| reporter.with(|p| unsafe { h.resume(&dir, p) }));
     finish(reporter, stats)
+}
+
+/// Where process `pid` serves suspend requests.
+#[pyfunction]
+pub fn suspend_socket_path(pid: u32) -> PathBuf {
+    zerohop_wire::suspend::socket_path(pid)
+}
+
+/// Serves `zerohop suspend/resume PID DIR` for `device`'s heap at `path`
+/// until the returned object is closed or dropped; `pause()` and
+/// `unpause()` are the process's (see `zerohop.serve_suspend`).
+#[pyfunction]
+pub fn serve_suspend(
+    device: &str,
+    path: PathBuf,
+    pause: Py<PyAny>,
+    unpause: Py<PyAny>,
+) -> PyResult<SuspendServer> {
+    let h = heap(Place::parse(device)?)?;
+    let quiet = QuietPoint {
+        pause: Box::new(move || {
+            Python::attach(|py| pause.call0(py).map(drop))
+                .map_err(|e| zerohop::Error::invalid(format!("the process's pause failed: {e}")))
+        }),
+        unpause: Box::new(move || {
+            Python::attach(|py| {
+                if let Err(e) = unpause.call0(py) {
+                    e.write_unraisable(py, None);
+                }
+            })
+        }),
+    };
+    // SAFETY: the Python half's `pause` returns once the process leaves
+    // the heap's memory alone (the docstring of `zerohop.serve_suspend`
+    // makes that the caller's promise), and it stays so until `unpause`.
+    let server = unsafe { control::serve(h, &path, quiet) }?;
+    Ok(SuspendServer(Mutex::new(Some(server))))
+}
+
+/// A running `serve_suspend`; `close()` stops it.
+#[pyclass(module = "zerohop._native")]
+pub struct SuspendServer(Mutex<Option<ControlServer>>);
+
+#[pymethods]
+impl SuspendServer {
+    /// The socket it serves at.
+    #[getter]
+    fn path(&self) -> Option<PathBuf> {
+        let server = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        server.as_ref().map(|s| s.path().to_path_buf())
+    }
+
+    /// Stops serving (waits for a request being answered).
+    fn close(&self, py: Python<'_>) {
+        let server = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        py.detach(|| drop(server));
+    }
 }
 
 /// PyTorch's pluggable allocator's `malloc`: `size` bytes of GPU `device`'s

@@ -13,6 +13,8 @@
 //! back (another process holds it) or finds the checkpoint damaged leaves
 //! the heap suspended, to be resumed later.
 
+pub mod control;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};

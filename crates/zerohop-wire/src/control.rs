@@ -111,13 +111,22 @@ pub struct ClientStatus {
 
 /// Decodes a request from untrusted bytes.
 pub fn decode_request(bytes: &[u8]) -> Result<Request, String> {
+    decode_limited(bytes, "request")
+}
+
+/// Decodes a message of at most [`MAX_MESSAGE_BYTES`] (`what` names it in
+/// the error).
+pub(crate) fn decode_limited<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    what: &str,
+) -> Result<T, String> {
     if bytes.len() > MAX_MESSAGE_BYTES {
         return Err(format!(
             "message of {} bytes is over the limit",
             bytes.len()
         ));
     }
-    serde_json::from_slice(bytes).map_err(|e| format!("malformed request: {e}"))
+    serde_json::from_slice(bytes).map_err(|e| format!("malformed {what}: {e}"))
 }
 
 pub fn decode_reply(bytes: &[u8]) -> Result<Reply, String> {

@@ -1,0 +1,73 @@
+"""`zerohop suspend PID DIR` / `zerohop resume PID DIR` against a real
+process serving its heap (suspend_worker.py, host memory)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+BIN = os.environ.get("ZEROHOP_BIN")
+HERE = os.path.dirname(__file__)
+
+
+@pytest.fixture
+def worker():
+    if not BIN:
+        pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, "suspend_worker.py")], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith("ready ")
+
+    def ask(command):
+        p.stdin.write(command + "\n")
+        p.stdin.flush()
+        return p.stdout.readline().strip()
+
+    yield p, ask
+    p.stdin.close()
+    assert p.wait(timeout=30) == 0
+
+
+def zerohop(*args):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_process_is_suspended_and_resumed_from_outside(worker, tmp_path):
+    p, ask = worker
+    pid = str(p.pid)
+    done = zerohop("suspend", pid, str(tmp_path / "s1"))
+    assert done.returncode == 0, done.stderr
+    assert "released" in done.stdout and "written" in done.stdout, done.stdout
+    assert ask("state") == f"0 {tmp_path / 's1'}"
+    assert ask("work") == "paused"  # the lock is held until the resume
+
+    # A damaged copy is refused; the process stays suspended and paused.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in os.listdir(tmp_path / "s1"):
+        content = bytearray((tmp_path / "s1" / f).read_bytes())
+        if f.endswith(".safetensors"):
+            content[-1] ^= 1
+        (bad / f).write_bytes(bytes(content))
+    refused = zerohop("resume", pid, str(bad))
+    assert refused.returncode != 0 and "does not match its checksum" in refused.stderr, refused.stderr
+    assert ask("work") == "paused"
+
+    resumed = zerohop("resume", pid, str(tmp_path / "s1"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert ask("work") == "worked" and ask("check") == "intact"
+    assert ask("state").endswith(" None")
+
+    # Incremental against the first suspend.
+    again = zerohop("suspend", pid, str(tmp_path / "s2"), "--parent", str(tmp_path / "s1"))
+    assert again.returncode == 0, again.stderr
+    assert zerohop("resume", pid, str(tmp_path / "s2")).returncode == 0
+    assert ask("check") == "intact"
+
+
+def test_a_process_that_serves_nothing_is_a_clear_error(tmp_path):
+    if not BIN:
+        pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
+    done = zerohop("suspend", "999999999", str(tmp_path / "s"))
+    assert done.returncode != 0 and "serves no suspend requests" in done.stderr, done.stderr
