@@ -3,9 +3,9 @@ same heap and checkpoint code as on a GPU; `zerohop.suspendable()` and the
 GPU run in the GPU suite)."""
 
 import ctypes
-import os
 
 import pytest
+from damage import damaged_copy
 
 import zerohop
 from zerohop import _native
@@ -30,13 +30,7 @@ def test_host_memory_is_suspended_and_resumed_at_the_same_addresses(tmp_path):
         zerohop.checkpoint.verify(tmp_path / "s1")
 
         # A damaged copy is refused and the heap stays suspended.
-        bad = tmp_path / "bad"
-        bad.mkdir()
-        for f in os.listdir(tmp_path / "s1"):
-            content = bytearray((tmp_path / "s1" / f).read_bytes())
-            if f.endswith(".safetensors"):
-                content[-1] ^= 1
-            (bad / f).write_bytes(bytes(content))
+        bad = damaged_copy(tmp_path / "s1", tmp_path / "bad")
         with pytest.raises(zerohop.IntegrityError, match="the heap stays suspended"):
             zerohop.resume(bad, device="cpu")
         assert _native.heap_state("cpu")[1:] == (0, tmp_path / "s1")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from damage import damaged_copy
 
 BIN = os.environ.get("ZEROHOP_BIN")
 HERE = os.path.dirname(__file__)
@@ -43,13 +44,7 @@ def test_a_process_is_suspended_and_resumed_from_outside(worker, tmp_path):
     assert ask("work") == "paused"  # the lock is held until the resume
 
     # A damaged copy is refused; the process stays suspended and paused.
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    for f in os.listdir(tmp_path / "s1"):
-        content = bytearray((tmp_path / "s1" / f).read_bytes())
-        if f.endswith(".safetensors"):
-            content[-1] ^= 1
-        (bad / f).write_bytes(bytes(content))
+    bad = damaged_copy(tmp_path / "s1", tmp_path / "bad")
     refused = zerohop("resume", pid, str(bad))
     assert refused.returncode != 0 and "does not match its checksum" in refused.stderr, refused.stderr
     assert ask("work") == "paused"
