@@ -58,7 +58,8 @@ const STOP_CHECK: Duration = Duration::from_millis(100);
 /// How long a connected client has to send its request.
 const REQUEST_WAIT: Duration = Duration::from_secs(10);
 
-/// Serves `heap` at `path` (a stale socket there is replaced).
+/// Serves `heap` at `path` (a stale socket there is replaced; any other
+/// file there is an error).
 ///
 /// # Safety
 /// Once `quiet.pause` has returned, nothing may touch the heap's memory
@@ -68,7 +69,10 @@ pub unsafe fn serve(
     path: &Path,
     quiet: QuietPoint,
 ) -> io::Result<ControlServer> {
-    let _ = std::fs::remove_file(path);
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        std::fs::remove_file(path)?;
+    }
     let listener = listen(path, 0o600)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();

@@ -140,3 +140,30 @@ fn a_resume_from_a_damaged_or_missing_checkpoint_leaves_the_heap_suspended() {
     unsafe { heap.resume(&good, None) }.unwrap();
     assert!(contents(dev.as_ref(), addr, bytes.len()) == bytes);
 }
+
+#[test]
+fn serving_replaces_a_stale_socket_but_never_another_file() {
+    use zerohop_suspend::control::{serve, QuietPoint};
+    let (heap, _) = heap();
+    let heap = Arc::new(heap);
+    let dir = TestDir::new("suspend-serve");
+    let quiet = || QuietPoint {
+        pause: Box::new(|| Ok(())),
+        unpause: Box::new(|| ()),
+    };
+    let file = dir.path("not-a-socket");
+    std::fs::write(&file, b"keep me").unwrap();
+    // SAFETY: nothing uses the heap's memory (it has none).
+    assert!(unsafe { serve(heap.clone(), &file, quiet()) }.is_err());
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+
+    let sock = dir.path("s.sock");
+    // SAFETY: as above.
+    let first = unsafe { serve(heap.clone(), &sock, quiet()) }.unwrap();
+    std::mem::forget(first); // a crashed server leaves its socket behind
+                             // SAFETY: as above.
+    let second = unsafe { serve(heap, &sock, quiet()) }.unwrap();
+    assert_eq!(second.path(), sock.as_path());
+    drop(second);
+    assert!(!sock.exists(), "the socket is removed when serving stops");
+}
