@@ -148,11 +148,11 @@ def _gather(world: Any, failure: Optional[BaseException], layout: Dict[str, Any]
 def _commit_of(every: List[Dict[str, Any]], world_size: int) -> Dict[str, Any]:
     """The commit file's contents from every rank's DTensor layout, which
     must name the same DTensors, placed alike, of the same global shape."""
+    def kept(lay: Dict[str, Any]) -> Dict[str, Any]:
+        return {n: (v["placement"], v["shape"], v["dtype"]) for n, v in lay.items()}
+
     first = every[0]
     for rank, layout in enumerate(every):
-        def kept(lay: Dict[str, Any]) -> Dict[str, Any]:
-            return {n: (v["placement"], v["shape"], v["dtype"]) for n, v in lay.items()}
-
         if kept(layout) != kept(first):
             raise ValueError(f"rank {rank}'s DTensors differ from rank 0's (names, placements, shapes or dtypes)")
     dtensors = {
@@ -162,8 +162,7 @@ def _commit_of(every: List[Dict[str, Any]], world_size: int) -> Dict[str, Any]:
     for name, v in dtensors.items():
         if v["placement"] == "shard0" and sum(v["rows"]) != (v["shape"][0] if v["shape"] else 0):
             raise ValueError(f"{name}: the ranks' shards hold {sum(v['rows'])} rows of {v['shape'][0]}")
-    replicated = any(v["placement"] == "replicate" for v in dtensors.values())
-    return {"format": FORMAT, "world_size": world_size, "replicated": replicated, "dtensors": dtensors}
+    return {"format": FORMAT, "world_size": world_size, "dtensors": dtensors}
 
 
 def _read_commit(dir: str) -> Dict[str, Any]:
@@ -188,6 +187,7 @@ def _read_commit(dir: str) -> Dict[str, Any]:
         ok = False
     if not ok:
         raise ValueError(f"{path} is not a zerohop sharded checkpoint's commit file")
+    # Whether DIR/replicated/ is there: some DTensor is replicated.
     commit["replicated"] = any(v["placement"] == "replicate" for v in commit["dtensors"].values())
     return commit
 

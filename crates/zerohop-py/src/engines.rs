@@ -56,17 +56,35 @@ pub fn prepare(py: Python<'_>, device: &str) -> PyResult<String> {
     py.detach(|| engine(place)).map(|e| e.device().describe())
 }
 
-/// The engine for `place`, made on first use.
-pub fn engine(place: Place) -> PyResult<Arc<Engine>> {
-    static ENGINES: OnceLock<Mutex<HashMap<Place, Arc<Engine>>>> = OnceLock::new();
-    let mut engines = ENGINES
+/// What the process keeps one of per device, made on first use.
+pub type PerPlace<T> = OnceLock<Mutex<HashMap<Place, Arc<T>>>>;
+
+/// `cache`'s value for `place`, made by `make` the first time.
+pub fn per_place<T>(
+    cache: &PerPlace<T>,
+    place: Place,
+    make: impl FnOnce() -> PyResult<T>,
+) -> PyResult<Arc<T>> {
+    let mut made = cache
         .get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    if let Some(e) = engines.get(&place) {
-        return Ok(e.clone());
+    if let Some(v) = made.get(&place) {
+        return Ok(v.clone());
     }
-    let made = match place {
+    let v = Arc::new(make()?);
+    made.insert(place, v.clone());
+    Ok(v)
+}
+
+/// The engine for `place`, made on first use.
+pub fn engine(place: Place) -> PyResult<Arc<Engine>> {
+    static ENGINES: PerPlace<Engine> = OnceLock::new();
+    per_place(&ENGINES, place, || make_engine(place))
+}
+
+fn make_engine(place: Place) -> PyResult<Engine> {
+    match place {
         Place::Cuda(n) => {
             // The hot-route measurement is shared with the CLI's.
             let config = EngineConfig {
@@ -79,10 +97,7 @@ pub fn engine(place: Place) -> PyResult<Arc<Engine>> {
         Place::Host => Engine::new(Arc::new(HostDevice::new()), host_config()),
         Place::Sim => Engine::new(sim_device()?, host_config()),
     }
-    .map_err(to_py)?;
-    let made = Arc::new(made);
-    engines.insert(place, made.clone());
-    Ok(made)
+    .map_err(to_py)
 }
 
 /// The simulated device, with short copy delays so the tests stay quick.

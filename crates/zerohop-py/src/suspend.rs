@@ -4,12 +4,11 @@
 //! (`zerohop.suspendable()` loads this very library for them, so they
 //! share the heaps with the Python calls).
 
-use crate::engines::{engine, Place};
+use crate::engines::{engine, per_place, PerPlace, Place};
 use crate::errors::to_py;
 use crate::progress::Reporter;
 use crate::transfers::finish;
 use pyo3::prelude::*;
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -18,17 +17,8 @@ use zerohop_suspend::SuspendableHeap;
 
 /// The heap of `place`, made on first use.
 fn heap(place: Place) -> PyResult<Arc<SuspendableHeap>> {
-    static HEAPS: OnceLock<Mutex<HashMap<Place, Arc<SuspendableHeap>>>> = OnceLock::new();
-    let mut heaps = HEAPS
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(h) = heaps.get(&place) {
-        return Ok(h.clone());
-    }
-    let h = Arc::new(SuspendableHeap::new(engine(place)?));
-    heaps.insert(place, h.clone());
-    Ok(h)
+    static HEAPS: PerPlace<SuspendableHeap> = OnceLock::new();
+    per_place(&HEAPS, place, || Ok(SuspendableHeap::new(engine(place)?)))
 }
 
 /// `size` bytes of `device`'s suspendable memory; its address.
