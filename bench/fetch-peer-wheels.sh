@@ -34,6 +34,7 @@ pins=(
   kvikio-cu13==26.10.0          # peer: kvikio.CuFile (CUDA 13 build)
   libkvikio-cu13==26.10.0       #   libkvikio.so for kvikio-cu13
   rapids-logger==0.3.0          #   librapids_logger.so for libkvikio-cu13
+  torch-memory-saver==0.0.10    # peer: pause/resume of GPU memory (bench/suspend.py)
   pytest==8.4.2                 # runs python/tests (zerohop's own GPU tests)
   pluggy==1.6.0                 #   for pytest
   iniconfig==2.1.0              #   for pytest

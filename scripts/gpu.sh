@@ -7,7 +7,7 @@
 #
 # Steps: warm (touch host memory before timing), info, tests, python, hot,
 # cold, sweep, cold-sweep, phases, peers, peers-cold, distributed (2 GPUs),
-# checkpoint, save, agent, compare and
+# checkpoint, save, suspend, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
 # tool call is:
@@ -188,6 +188,16 @@ device() {
                 rm -rf "$target"
             done
             ;;
+        suspend)
+            # A PyTorch process's 16 GiB of GPU tensors paused and resumed:
+            # zerohop in-process and as checkpoint-process's transport, the
+            # driver's process checkpoint alone, torch_memory_saver (from
+            # .whl); tmpfs then disk, with their raw rates (about 6 minutes).
+            warm_memory; install_wheels
+            # shellcheck disable=SC2086 # ZEROHOP_SUSPEND_ARGS is a list of options
+            PYTHONUNBUFFERED=1 python3 bench/suspend.py --zerohop .stage/bin/zerohop ${ZEROHOP_SUSPEND_ARGS:-} \
+                --json-out "$OUT/suspend.json" 2>&1 | tee "$OUT/suspend.txt"
+            ;;
         save)
             # zerohop alone: 16 GiB saved and restored, tmpfs twice, disk once,
             # each against the raw write/read rates measured in the same run.
@@ -208,10 +218,14 @@ device() {
         python)
             # The Python package's tests, torch and GPU ones included.
             install_wheels
-            ZEROHOP_BIN="$PWD/.stage/bin/zerohop" python3 -m pytest -q -rs -p no:cacheprovider python/tests 2>&1 | tee "$OUT/python-tests.txt"
+            # ZEROHOP_PYTESTS: test files to run instead of all (and then
+            # not the compatibility tests).
+            # shellcheck disable=SC2086 # a list of files
+            ZEROHOP_BIN="$PWD/.stage/bin/zerohop" python3 -m pytest -q -rs -p no:cacheprovider ${ZEROHOP_PYTESTS:-python/tests} \
+                2>&1 | tee "$OUT/python-tests.txt"
             # safetensors 0.8's PyTorch tests against zerohop (the machine
             # has safetensors 0.8.0 installed).
-            python3 python/compat/run.py --cache .stage/compat 2>&1 | tee "$OUT/python-compat.txt"
+            [ -n "${ZEROHOP_PYTESTS:-}" ] || python3 python/compat/run.py --cache .stage/compat 2>&1 | tee "$OUT/python-compat.txt"
             ;;
         compare)
             # Before/after a change, same machine start: the binary in

@@ -2,6 +2,12 @@
 the memory goes back to the driver and the tensors, and a CUDA graph that
 reads them, are as they were after a resume."""
 
+import json
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -48,3 +54,133 @@ def test_tensors_and_a_captured_graph_survive_a_suspend(tmp_path):
     graph.replay()
     assert torch.equal(out, want_out)
     del pool
+
+
+# From outside: a real workload in another process (suspend_gpu_worker.py),
+# driven by the zerohop command.
+
+BIN = os.environ.get("ZEROHOP_BIN")
+HERE = os.path.dirname(__file__)
+
+
+@pytest.fixture
+def worker():
+    """Starts suspend_gpu_worker.py with MiB of filler; yields (process, ask)."""
+    if not BIN:
+        pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
+    started = []
+
+    def start(mib):
+        p = subprocess.Popen([sys.executable, os.path.join(HERE, "suspend_gpu_worker.py"), str(mib)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        started.append(p)
+        assert p.stdout.readline().startswith("ready ")
+
+        def ask(command):
+            p.stdin.write(command + "\n")
+            p.stdin.flush()
+            return p.stdout.readline().strip()
+
+        return p, ask
+
+    yield start
+    for p in started:
+        if p.poll() is None:
+            p.stdin.close()
+            assert p.wait(timeout=60) == 0
+
+
+def zerohop_cli(*args):
+    return subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def free_mib():
+    return torch.cuda.mem_get_info()[0] >> 20
+
+
+def test_a_transformer_in_another_process_is_identical_after_suspend_and_resume(worker, tmp_path):
+    p, ask = worker(2048)
+    held = int(ask("mib"))
+    before = free_mib()
+    done = zerohop_cli("suspend", p.pid, tmp_path / "s")
+    assert done.returncode == 0, done.stderr
+    assert ask("mib") == "0" and ask("work") == "paused"
+    freed = free_mib() - before
+    assert freed >= held * 0.95, (held, freed, done.stdout)
+
+    # Another process (this one) allocates the freed memory and uses it.
+    other = torch.ones((freed - 64) << 20, dtype=torch.uint8, device="cuda")
+    assert int(other.sum()) == other.numel()
+    del other
+    torch.cuda.empty_cache()
+
+    resumed = zerohop_cli("resume", p.pid, tmp_path / "s")
+    assert resumed.returncode == 0, resumed.stderr
+    assert ask("check") == "intact"
+
+
+def test_a_resume_without_the_memory_fails_clearly_and_can_be_retried(worker, tmp_path):
+    p, ask = worker(4096)
+    assert zerohop_cli("suspend", p.pid, tmp_path / "s").returncode == 0
+    # Hold all but 1 GiB of the GPU: the 4 GiB heap cannot come back.
+    hog = torch.empty((free_mib() - 1024) << 20, dtype=torch.uint8, device="cuda")
+    refused = zerohop_cli("resume", p.pid, tmp_path / "s")
+    assert refused.returncode != 0 and "out of memory" in refused.stderr.lower(), refused.stderr
+    assert ask("work") == "paused" and ask("mib") == "0"
+    del hog
+    torch.cuda.empty_cache()
+    resumed = zerohop_cli("resume", p.pid, tmp_path / "s")
+    assert resumed.returncode == 0, resumed.stderr
+    assert ask("check") == "intact"
+
+
+def test_a_process_killed_mid_suspend_leaves_no_checkpoint_and_no_memory(worker, tmp_path):
+    before = free_mib()
+    p, _ = worker(8192)
+    assert free_mib() < before - 8000
+    suspend = subprocess.Popen([BIN, "suspend", str(p.pid), str(tmp_path / "s")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.15)  # mid-save: 8 GiB take about 0.4 s
+    p.kill()
+    p.wait()
+    _, err = suspend.communicate(timeout=60)
+    assert suspend.returncode != 0, err
+    assert not (tmp_path / "s").exists(), sorted(os.listdir(tmp_path))
+    # The driver frees a dead process's memory: all of it comes back.
+    deadline = time.monotonic() + 20
+    while free_mib() < before - 64 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert free_mib() >= before - 64, (before, free_mib())
+
+
+def test_checkpoint_process_and_restore_process(worker, tmp_path):
+    p, ask = worker(2048)
+    done = zerohop_cli("checkpoint-process", p.pid, tmp_path / "c")
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "c" / "PROCESS.json").read_text())
+    assert record["zerohop_suspend"] and record["pid"] == p.pid
+    # The driver staged little: the heap went to storage through zerohop.
+    assert record["driver_host_bytes"] < 1 << 30, (record, done.stdout)
+    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.split()
+    assert str(p.pid) not in apps, apps  # no GPU memory at all while checkpointed
+
+    again = zerohop_cli("restore-process", p.pid, tmp_path / "c")
+    assert again.returncode == 0, again.stderr
+    assert ask("work") == "worked" and ask("check") == "intact"
+
+
+def test_checkpoint_process_refuses_what_it_cannot_checkpoint(tmp_path):
+    if not BIN:
+        pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
+    gone = zerohop_cli("checkpoint-process", 999999999, tmp_path / "c")
+    assert gone.returncode != 0 and "no process 999999999" in gone.stderr, gone.stderr
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        plain = zerohop_cli("checkpoint-process", idle.pid, tmp_path / "c")
+        assert plain.returncode != 0 and "not a CUDA process" in plain.stderr, plain.stderr
+        not_ours = zerohop_cli("restore-process", idle.pid, tmp_path / "c")
+        assert not_ours.returncode != 0 and "no finished process checkpoint" in not_ours.stderr, not_ours.stderr
+    finally:
+        idle.kill()
+        idle.wait()

@@ -35,7 +35,8 @@ def test_host_memory_is_suspended_and_resumed_at_the_same_addresses(tmp_path):
             zerohop.resume(bad, device="cpu")
         assert _native.heap_state("cpu")[1:] == (0, tmp_path / "s1")
 
-        zerohop.resume(tmp_path / "s1", device="cpu")
+        resumed = zerohop.resume(tmp_path / "s1", device="cpu")
+        assert resumed["bytes"] == sum(sizes) and resumed["backing_seconds"] >= 0
         assert _native.heap_state("cpu")[2] is None
         for addr, data in allocations:
             assert ctypes.string_at(addr, len(data)) == data

@@ -66,3 +66,23 @@ def test_a_process_that_serves_nothing_is_a_clear_error(tmp_path):
         pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
     done = zerohop("suspend", "999999999", str(tmp_path / "s"))
     assert done.returncode != 0 and "serves no suspend requests" in done.stderr, done.stderr
+
+
+def test_checkpoint_process_refuses_clearly_and_creates_nothing(tmp_path):
+    if not BIN:
+        pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
+    gone = zerohop("checkpoint-process", "999999999", str(tmp_path / "c"))
+    assert gone.returncode != 0 and "no process 999999999" in gone.stderr, gone.stderr
+    idle = subprocess.Popen(["sleep", "60"])
+    try:
+        # Without a driver (CI) it says so; with one, that this is no CUDA
+        # process (test_suspend_gpu.py checkpoints a real one).
+        done = zerohop("checkpoint-process", str(idle.pid), str(tmp_path / "c"))
+        assert done.returncode != 0, done.stdout
+        assert "no NVIDIA driver" in done.stderr or "not a CUDA process" in done.stderr, done.stderr
+        back = zerohop("restore-process", str(idle.pid), str(tmp_path / "c"))
+        assert back.returncode != 0 and "no finished process checkpoint" in back.stderr, back.stderr
+    finally:
+        idle.kill()
+        idle.wait()
+    assert not (tmp_path / "c").exists()

@@ -62,8 +62,10 @@ def resume(dir: PathLike, device: Any = "cuda", progress: Any = False) -> Dict[s
     """Takes the memory back at the same addresses and restores it from
     `dir`, every chunk verified. On an error (the memory is held by another
     process, the checkpoint is missing or damaged) the heap stays suspended
-    and can be resumed later. Returns the restore's stats."""
-    return json.loads(_native.heap_resume(_buffers.device_name(device), os.fspath(dir), progress))
+    and can be resumed later. Returns the restore's stats, with the seconds
+    spent getting the memory back first (`backing_seconds`)."""
+    stats, backing = _native.heap_resume(_buffers.device_name(device), os.fspath(dir), progress)
+    return {**json.loads(stats), "backing_seconds": backing}
 
 
 def serve_suspend(device: Any = "cuda", lock: Any = None, path: Optional[PathLike] = None) -> Any:

@@ -40,10 +40,6 @@ pub struct EngineArgs {
     /// Bytes per copy of the mapped route (at most a slot), e.g. 2MiB.
     #[arg(long, default_value_t = ByteSize(EngineConfig::default().mapped_window_bytes as u64))]
     pub mapped_window: ByteSize,
-    /// Map each mapped-copy window's pages before copying it (one system
-    /// call instead of page faults inside the copy).
-    #[arg(long)]
-    pub mapped_populate: bool,
     /// Bytes pinned per page-cache DMA window, e.g. 64MiB.
     #[arg(long, default_value_t = ByteSize(EngineConfig::default().dma_window_bytes as u64))]
     pub dma_window: ByteSize,
@@ -100,7 +96,6 @@ impl EngineArgs {
         c.dma_window_bytes = self.dma_window.bytes();
         c.read_request_bytes = self.read_request.bytes();
         c.mapped_window_bytes = self.mapped_window.bytes();
-        c.mapped_populate = self.mapped_populate;
         c.hot_choice_file = zerohop::hot_choice::default_file();
         c
     }

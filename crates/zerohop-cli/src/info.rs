@@ -32,6 +32,18 @@ pub fn run(path: Option<&Path>, json: bool) -> Result<()> {
         None => println!("io_uring  available"),
         Some(e) => println!("io_uring  unavailable ({e}): reads use pread threads"),
     }
+    match (
+        &info.process_checkpoint.version,
+        &info.process_checkpoint.why_not,
+    ) {
+        (Some(v), _) => println!(
+            "process   the driver's process checkpoint ({v} API): zerohop checkpoint-process"
+        ),
+        (_, e) => println!(
+            "process   no driver process checkpoint: {}",
+            e.as_deref().unwrap_or_default()
+        ),
+    }
     if let Some(c) = &info.o_direct {
         match &c.o_direct.why_not {
             None => println!("o_direct  {}: accepted", c.path),

@@ -9,6 +9,7 @@ mod demo;
 mod gen;
 mod info;
 mod load;
+mod process;
 mod progress;
 mod size;
 mod suspend;
@@ -59,6 +60,12 @@ enum Command {
     /// Ask a suspended process to take its GPU memory back, restored from
     /// the checkpoint and verified, at the same addresses.
     Resume(suspend::ResumeArgs),
+    /// Checkpoint a CUDA process with the driver (cuCheckpointProcess*),
+    /// its suspendable GPU memory sent to storage through zerohop first.
+    CheckpointProcess(process::CheckpointProcessArgs),
+    /// Restore a process that `checkpoint-process` checkpointed: the
+    /// driver's part, then zerohop's memory, verified.
+    RestoreProcess(process::RestoreProcessArgs),
     /// Generate a demo model, load it, checkpoint it and restore it.
     ///
     /// Into the GPU, or host memory without one. Its files are removed at
@@ -84,6 +91,8 @@ fn main() -> ExitCode {
         Command::Agent(args) => agent::run(args),
         Command::Suspend(args) => suspend::suspend(&args),
         Command::Resume(args) => suspend::resume(&args),
+        Command::CheckpointProcess(args) => process::checkpoint(&args),
+        Command::RestoreProcess(args) => process::restore(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -35,7 +35,7 @@ pub fn suspend(args: &SuspendArgs) -> Result<()> {
         dir: absolute(&args.dir)?,
         parent: args.parent.as_deref().map(absolute).transpose()?,
     };
-    let (seconds, bytes) = done(ask(args.pid, &request)?)?;
+    let (seconds, bytes) = ask_suspend(args.pid, &request)?;
     let status = status(args.pid)?;
     println!(
         "suspended process {} to {} in {seconds:.2} s: {} written, {} of device memory released",
@@ -51,7 +51,7 @@ pub fn resume(args: &ResumeArgs) -> Result<()> {
     let request = SuspendRequest::Resume {
         dir: absolute(&args.dir)?,
     };
-    let (seconds, bytes) = done(ask(args.pid, &request)?)?;
+    let (seconds, bytes) = ask_suspend(args.pid, &request)?;
     println!(
         "resumed process {} from {} in {seconds:.2} s: {} restored and verified",
         args.pid,
@@ -69,8 +69,18 @@ fn status(pid: u32) -> Result<(u64, u64)> {
     }
 }
 
-fn done(reply: SuspendReply) -> Result<(f64, u64)> {
-    match reply {
+/// Whether process `pid` serves suspend requests.
+pub(crate) fn serves_suspend(pid: u32) -> bool {
+    matches!(
+        ask(pid, &SuspendRequest::Status),
+        Ok(SuspendReply::Status(_))
+    )
+}
+
+/// Asks process `pid` to suspend or resume: the seconds it took and the
+/// bytes written or restored.
+pub(crate) fn ask_suspend(pid: u32, request: &SuspendRequest) -> Result<(f64, u64)> {
+    match ask(pid, request)? {
         SuspendReply::Done { seconds, bytes } => Ok((seconds, bytes)),
         SuspendReply::Error { message } => Err(Error::new(ErrorKind::InvalidInput, message)),
         other => Err(unexpected(&other)),
@@ -82,7 +92,7 @@ fn unexpected(reply: &SuspendReply) -> Error {
 }
 
 /// The process resolves paths from its own working directory.
-fn absolute(p: &Path) -> Result<String> {
+pub(crate) fn absolute(p: &Path) -> Result<String> {
     let p = std::path::absolute(p)
         .map_err(|e| Error::with_source(ErrorKind::InvalidInput, format!("{}", p.display()), e))?;
     p.to_str()

@@ -52,6 +52,11 @@ impl Driver {
         Ok(Driver { version })
     }
 
+    /// Driver API version as the driver reports it, e.g. 13000.
+    pub fn raw_version(&self) -> i32 {
+        self.version
+    }
+
     /// Driver API version as (major, minor), e.g. (13, 0).
     pub fn version(&self) -> (i32, i32) {
         (self.version / 1000, (self.version % 1000) / 10)

@@ -16,6 +16,8 @@ pub enum CudaErrorKind {
     OutOfMemory,
     /// A range outside an allocation was asked for (checked before any call).
     OutOfRange,
+    /// The driver lacks a function zerohop asked for (an older driver).
+    NotSupported,
     /// Any other driver error, with its numeric code.
     Driver(u32),
 }

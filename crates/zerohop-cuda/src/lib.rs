@@ -14,6 +14,7 @@ mod driver;
 mod error;
 mod ipc;
 mod memory;
+mod process;
 mod stream;
 mod vmm;
 
@@ -23,6 +24,7 @@ pub use driver::{DeviceInfo, Driver};
 pub use error::{CudaError, CudaErrorKind};
 pub use ipc::{allocation_range, export_ipc, IpcExport, IpcHandleBytes, IpcMapping};
 pub use memory::{DeviceAllocation, DevicePtr, HostRegistration, PinnedBuffer};
+pub use process::{ProcessCheckpoint, ProcessState};
 pub use stream::{synchronize_foreign_stream, Event, Stream};
 pub use vmm::{export_vmm, Reservation, VmmAllocation, VmmExport, VmmMapping};
 

@@ -74,8 +74,8 @@ pub fn heap_suspend(
     Ok((stats, figures.0, figures.1, figures.2))
 }
 
-/// Resumes the heap of `device` from the checkpoint at `dir`; the
-/// restore's stats as JSON.
+/// Resumes the heap of `device` from the checkpoint at `dir`: the
+/// restore's stats as JSON, and the seconds spent backing the memory first.
 #[pyfunction]
 #[pyo3(signature = (device, dir, progress=None))]
 pub fn heap_resume(
@@ -83,13 +83,14 @@ pub fn heap_resume(
     device: &str,
     dir: PathBuf,
     progress: Option<Bound<'_, PyAny>>,
-) -> PyResult<String> {
+) -> PyResult<(String, f64)> {
     let h = heap(Place::parse(device)?)?;
     let total = h.allocations().iter().map(|a| a.1 as u64).sum();
     let reporter = Reporter::new(progress.as_ref(), "resuming", total)?;
     // SAFETY: as in `heap_suspend`: nothing touches the memory meanwhile.
-    let stats = py.detach(|| reporter.with(|p| unsafe { h.resume(&dir, p) }));
-    finish(reporter, stats)
+    let resumed = py.detach(|| reporter.with(|p| unsafe { h.resume(&dir, p) }));
+    let backing_seconds = resumed.as_ref().map_or(0.0, |r| r.backing_seconds);
+    Ok((finish(reporter, resumed.map(|r| r.stats))?, backing_seconds))
 }
 
 /// Where process `pid` serves suspend requests.

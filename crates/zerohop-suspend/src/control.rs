@@ -153,7 +153,7 @@ unsafe fn run(heap: &SuspendableHeap, request: SuspendRequest, quiet: &QuietPoin
             if r.is_ok() {
                 (quiet.unpause)();
             }
-            r.map(|stats| stats.bytes)
+            r.map(|r| r.stats.bytes)
         }
     };
     match outcome {

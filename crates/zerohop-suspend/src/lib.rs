@@ -25,6 +25,10 @@ use zerohop_checkpoint::{self as ckpt, Region, SaveOptions, Saved};
 /// Metadata key marking a checkpoint as a suspended heap.
 pub const SUSPEND_KEY: &str = "zerohop.suspend";
 
+/// Threads that put memory behind the allocations on a resume: the driver
+/// creates and maps physical memory at a few GB/s per thread.
+const BACKING_THREADS: usize = 8;
+
 /// The allocations of one device, suspendable together.
 pub struct SuspendableHeap {
     engine: Arc<Engine>,
@@ -37,6 +41,15 @@ struct Heap {
     allocations: BTreeMap<DeviceAddr, (Box<dyn ReservedMemory>, usize)>,
     /// Where the heap was suspended to, while it is.
     suspended: Option<PathBuf>,
+}
+
+/// What a resume did.
+#[derive(Debug, Clone)]
+pub struct Resumed {
+    /// The restore's stats (the checkpoint read into the allocations).
+    pub stats: TransferStats,
+    /// Seconds spent putting memory behind the allocations first.
+    pub backing_seconds: f64,
 }
 
 /// What a suspend did.
@@ -181,19 +194,15 @@ impl SuspendableHeap {
     /// # Safety
     /// As for [`suspend`](Self::suspend): nothing touches the heap's memory
     /// until this returns `Ok`.
-    pub unsafe fn resume(
-        &self,
-        dir: &Path,
-        progress: Option<Progress<'_>>,
-    ) -> Result<TransferStats> {
+    pub unsafe fn resume(&self, dir: &Path, progress: Option<Progress<'_>>) -> Result<Resumed> {
         let mut heap = self.lock();
         if heap.suspended.is_none() {
             return Err(Error::invalid("the heap is not suspended"));
         }
-        let restored = (|| {
-            for (memory, _) in heap.allocations.values_mut() {
-                memory.back()?;
-            }
+        let started = std::time::Instant::now();
+        let restored: Result<Resumed> = (|| {
+            back_all(&mut heap.allocations)?;
+            let backing_seconds = started.elapsed().as_secs_f64();
             // SAFETY: forwarded contract; every allocation is backed now.
             let buffers = unsafe { self.borrow_all(&heap) }?;
             let names: Vec<String> = buffers.iter().map(|(addr, _)| entry_name(*addr)).collect();
@@ -202,12 +211,16 @@ impl SuspendableHeap {
                 .map(String::as_str)
                 .zip(buffers.into_iter().map(|(_, b)| b))
                 .collect();
-            ckpt::restore_into(&self.engine, dir, &targets, progress)
+            let stats = ckpt::restore_into(&self.engine, dir, &targets, progress)?;
+            Ok(Resumed {
+                stats,
+                backing_seconds,
+            })
         })();
         match restored {
-            Ok(stats) => {
+            Ok(resumed) => {
                 heap.suspended = None;
-                Ok(stats)
+                Ok(resumed)
             }
             Err(e) => {
                 for (memory, _) in heap.allocations.values_mut() {
@@ -236,6 +249,28 @@ impl SuspendableHeap {
             })
             .collect()
     }
+}
+
+/// Puts memory behind every allocation, on a few threads at once (each
+/// allocation is its own driver call, and they are independent).
+fn back_all(
+    allocations: &mut BTreeMap<DeviceAddr, (Box<dyn ReservedMemory>, usize)>,
+) -> Result<()> {
+    let mut memories: Vec<&mut Box<dyn ReservedMemory>> =
+        allocations.values_mut().map(|(m, _)| m).collect();
+    let per_thread = memories.len().div_ceil(BACKING_THREADS).max(1);
+    std::thread::scope(|s| {
+        let threads: Vec<_> = memories
+            .chunks_mut(per_thread)
+            .map(|chunk| s.spawn(move || chunk.iter_mut().try_for_each(|m| m.back())))
+            .collect();
+        // Every thread is joined before the first error is returned.
+        let results: Vec<Result<()>> = threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect();
+        results.into_iter().collect()
+    })
 }
 
 fn refuse_if_suspended(heap: &Heap, what: &str) -> Result<()> {

@@ -47,18 +47,84 @@ fn gpu_memory_is_handed_back_and_restored_at_the_same_addresses() {
         free_before >> 20,
         free_suspended >> 20
     );
+    // The save itself may take a little device memory for good (its
+    // first use loads the checksum kernel: 10 MiB on the H200), so the
+    // driver gets back at least 95 % of what was released.
     assert!(
-        free_suspended >= free_before + s.released_bytes,
+        free_suspended >= free_before + s.released_bytes / 20 * 19,
         "the memory went back to the driver"
     );
     // SAFETY: as above.
-    let stats = unsafe { heap.resume(&path, None) }.unwrap();
-    eprintln!("resumed at {:.2} GB/s", stats.gbps);
+    let r = unsafe { heap.resume(&path, None) }.unwrap();
+    eprintln!(
+        "resumed at {:.2} GB/s after {:.3} s of backing",
+        r.stats.gbps, r.backing_seconds
+    );
     for (addr, bytes) in &data {
         // SAFETY: as above; resumed, so backed again at the same address.
         let b = unsafe { dev.borrow(*addr, bytes.len(), None) }.unwrap();
         let mut back = vec![0u8; bytes.len()];
         dev.read_back(&b, 0, &mut back).unwrap();
         assert!(back == *bytes, "{addr:#x}");
+    }
+}
+
+/// A suspend's checkpoint is an ordinary one: restored into fresh memory
+/// (not the heap's), it holds the heap's bytes. Prints the resume's rate
+/// beside that restore's, same files, to tell the destination's share.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_suspend_is_an_ordinary_checkpoint_and_resumes_at_its_restore_rate() {
+    let dev: Arc<dyn Device> =
+        Arc::new(CudaDevice::open(0).expect("this test needs an NVIDIA GPU"));
+    let engine = Arc::new(Engine::new(dev.clone(), EngineConfig::default()).unwrap());
+    let heap = SuspendableHeap::new(engine.clone());
+    let dir = TestDir::under(std::path::Path::new("/dev/shm"), "suspend-rate");
+    let n = 256 << 20;
+    let mut data = Vec::new();
+    for i in 0..16u64 {
+        let addr = heap.alloc(n).unwrap();
+        // SAFETY: a live allocation of the heap, which nothing else touches.
+        let b = unsafe { dev.borrow(addr, n, None) }.unwrap();
+        let bytes = pattern(n, 60 + i);
+        dev.write_from_host(&b, 0, &bytes).unwrap();
+        data.push((format!("{addr:#x}"), bytes));
+    }
+    let path = dir.path("s");
+    // SAFETY: nothing else touches the heap's memory in this test.
+    unsafe { heap.suspend(&path, None, None) }.unwrap();
+    // SAFETY: as above.
+    let resumed = unsafe { heap.resume(&path, None) }.unwrap();
+    let ordinary = zerohop_checkpoint::restore(&engine, &path, None).unwrap();
+    // Once more into the heap's memory, which the resume has touched.
+    let targets: Vec<(String, zerohop::DeviceBuffer)> = heap
+        .allocations()
+        .into_iter()
+        // SAFETY: live, backed allocations that nothing else touches.
+        .map(|(addr, len)| {
+            (
+                format!("{addr:#x}"),
+                unsafe { dev.borrow(addr, len, None) }.unwrap(),
+            )
+        })
+        .collect();
+    let named: Vec<(&str, zerohop::DeviceBuffer)> = targets
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.clone()))
+        .collect();
+    let again = zerohop_checkpoint::restore_into(&engine, &path, &named, None).unwrap();
+    eprintln!(
+        "4 GiB from tmpfs, verified: resume {:.1} GB/s into the heap's new memory (backed in {:.3} s), restore {:.1} GB/s into fresh cuMemAlloc memory, {:.1} GB/s into the heap's memory again (all {})",
+        resumed.stats.gbps, resumed.backing_seconds, ordinary.stats.gbps, again.gbps, ordinary.stats.path
+    );
+    for (e, buf) in ordinary.manifest.entries.iter().zip(&ordinary.buffers) {
+        let want = &data
+            .iter()
+            .find(|(name, _)| *name == e.name)
+            .expect("an entry per allocation")
+            .1;
+        let mut back = vec![0u8; buf.len()];
+        dev.read_back(buf, 0, &mut back).unwrap();
+        assert!(back == *want, "{}", e.name);
     }
 }

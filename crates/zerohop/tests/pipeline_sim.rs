@@ -122,10 +122,12 @@ fn scattered_extents_arrive_exactly() {
                 } else {
                     sim(30)
                 };
-                let mut c = config(slot, slots, threads, direct, hot);
-                // Mapped windows at unaligned offsets, populated first.
-                c.mapped_populate = threads == 3;
-                let engine = Engine::with_backend(dev.clone(), c, backend.clone()).unwrap();
+                let engine = Engine::with_backend(
+                    dev.clone(),
+                    config(slot, slots, threads, direct, hot),
+                    backend.clone(),
+                )
+                .unwrap();
                 let files = Engine::open_files(&paths).unwrap();
                 let bufs = [dev.alloc(500_000).unwrap(), dev.alloc(123_457).unwrap()];
                 let mut expect = [vec![0u8; 500_000], vec![0u8; 123_457]];

@@ -34,11 +34,6 @@ pub struct EngineConfig {
     /// small enough that the copy into the slot is still in the CPU's
     /// cache when the device reads it.
     pub mapped_window_bytes: usize,
-    /// Map each mapped-copy window's pages (`MADV_POPULATE_READ`) before
-    /// copying it: one system call instead of a page fault per 64 KiB or
-    /// so inside the copy. Off by default until measured on the reference
-    /// machine.
-    pub mapped_populate: bool,
     /// A file counts as hot when at least this fraction of it is cached.
     pub hot_threshold: f64,
     /// Hot bytes each route moves while `HotRoute::Auto` measures which is
@@ -68,7 +63,6 @@ impl Default for EngineConfig {
             // 50.5-50.7 GB/s, 2 MiB ones at 47.3, 8 MiB ones (in 8 MiB
             // slots) at 41-49.
             mapped_window_bytes: 4 << 20,
-            mapped_populate: false,
             hot_threshold: 0.98,
             hot_probe_bytes: 512 << 20,
             hot_choice_file: None,

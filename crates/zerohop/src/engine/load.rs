@@ -130,7 +130,6 @@ impl Engine {
             backend: self.backend.as_ref(),
             files,
             maps: &maps,
-            populate_mapped: self.config.mapped_populate,
             items,
             check,
             progress,

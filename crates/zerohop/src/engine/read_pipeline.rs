@@ -56,9 +56,6 @@ pub(super) struct Job<'a> {
     /// Read-only mappings of the files that take the mapped-copy or the
     /// page-cache DMA route.
     pub maps: &'a [Option<GuardedMapping>],
-    /// Populate each mapped-copy window before copying it
-    /// (`EngineConfig::mapped_populate`).
-    pub populate_mapped: bool,
     pub items: Vec<WorkItem>,
     pub check: Option<ReadCheck<'a>>,
     pub progress: Option<Progress<'a>>,
@@ -327,10 +324,6 @@ fn copy_window(w: &mut Equipment<'_>, slot: usize, job: &Job<'_>, win: &Window) 
     // SAFETY: this worker owns the slot exclusively and no copy reads it now
     // (its last fence has passed), so a unique mutable view is sound.
     let buf = unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr(), win.needed as usize) };
-    if job.populate_mapped {
-        let (ptr, len) = map.range(win.start, win.needed);
-        populate(ptr, len);
-    }
     map.copy_to(win.start, buf).map_err(|e| {
         // Say how the file changed, where the stamp shows it.
         file.check_unchanged().err().unwrap_or_else(|| {

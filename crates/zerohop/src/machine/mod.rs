@@ -11,6 +11,8 @@
 //!   "gds":      {"direct_path": bool, "nvidia_fs_loaded": bool, "cufile_library": bool,
 //!                "pci_p2pdma_kernel": bool | null, "reason": str},
 //!   "io_uring": {"available": bool, "version": null, "why_not": str | null},
+//!   "process_checkpoint": {"available": bool, "version": "base" | "storage hook" | null,
+//!                "why_not": str | null},
 //!   "o_direct": null | {"path": str, "available": bool, "version": null, "why_not": str | null},
 //!   "staging":  {"total_bytes": int, "slot_bytes": int},
 //!   "io_threads": int,
@@ -74,6 +76,11 @@ pub struct MachineInfo {
     pub gpus: Vec<Gpu>,
     pub gds: GdsSupport,
     pub io_uring: Availability,
+    /// The driver's checkpoint of other processes (`cuCheckpointProcess*`,
+    /// for `zerohop checkpoint-process`); its version is `storage hook`
+    /// where the driver also has CUDA 13.4's caller-side storage
+    /// (`cuCheckpointOperationComplete`), else `base`.
+    pub process_checkpoint: Availability,
     /// O_DIRECT on the path asked about, if one was.
     pub o_direct: Option<PathCheck>,
     pub staging: StagingConfig,
@@ -117,6 +124,13 @@ impl MachineInfo {
             gpus,
             gds: gds_support(),
             io_uring: Availability::of(io_uring_available()),
+            process_checkpoint: match zerohop_cuda::ProcessCheckpoint::get() {
+                Ok(api) if api.has_storage_hook() => {
+                    Availability::available(Some("storage hook".into()))
+                }
+                Ok(_) => Availability::available(Some("base".into())),
+                Err(e) => Availability::unavailable(e.to_string()),
+            },
             o_direct: path.map(|p| PathCheck {
                 path: p.display().to_string(),
                 o_direct: Availability::of(o_direct_supported(p)),
@@ -211,10 +225,16 @@ mod tests {
                 "io_threads",
                 "io_uring",
                 "o_direct",
+                "process_checkpoint",
                 "staging"
             ]
         );
-        for fact in [&json["driver"], &json["io_uring"], &json["o_direct"]] {
+        for fact in [
+            &json["driver"],
+            &json["io_uring"],
+            &json["o_direct"],
+            &json["process_checkpoint"],
+        ] {
             let available = fact["available"].as_bool().expect("a bool");
             assert_eq!(fact["why_not"].is_null(), available, "{fact}");
             assert!(

@@ -1,0 +1,265 @@
+"""GPU memory of a PyTorch process to storage and back, zerohop against the
+driver's process checkpoint and torch_memory_saver, same run.
+
+Every row is a fresh process holding SIZE GiB of GPU tensors (256 MiB each)
+that pauses and resumes twice; the row's times are what its user waits
+for, and each resume is checked against a digest of every tensor:
+
+  zerohop         zerohop.suspend(dir) (durable checkpoint) / resume(dir),
+                  called inside the process
+  checkpoint-process  `zerohop checkpoint-process PID DIR` / `restore-process`
+                  from outside (the process serves zerohop.serve_suspend)
+  driver          cuCheckpointProcessLock + Checkpoint / Restore + Unlock
+                  from outside: what `cuda-checkpoint --toggle` does, to the
+                  process's host RAM only (nothing durable)
+  tms-cpu         torch_memory_saver pause/resume, pinned host backup
+  tms-disk        torch_memory_saver pause/resume, disk backup (disk only)
+
+plus the raw write and read rates of each directory (`zerohop bench
+checkpoint`; on disk one round per row, 8 GiB for the raw rates). For each row: GPU memory the process holds while paused
+(nvidia-smi) and the host memory it gained.
+
+  python3 bench/suspend.py --zerohop target/release/zerohop [--size-gib 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+TENSOR = 256 << 20
+
+
+# --- the child: a process holding the tensors -----------------------------
+
+def child(mode: str, size_gib: int, disk_dir: str) -> None:
+    import torch
+
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) << 10 for l in f if l.startswith("VmRSS:"))
+
+    def make() -> list:
+        g = torch.Generator(device="cuda").manual_seed(7)
+        return [torch.randn(TENSOR // 4, generator=g, device="cuda") for _ in range(size_gib * (1 << 30) // TENSOR)]
+
+    tms = server = None
+    if mode in ("zerohop", "checkpoint-process"):
+        import zerohop
+
+        with zerohop.suspendable() as pool:
+            tensors = make()
+        server = zerohop.serve_suspend() if mode == "checkpoint-process" else None
+    elif mode.startswith("tms"):
+        from torch_memory_saver import torch_memory_saver as tms
+
+        tms.hook_mode = "torch"
+        if mode == "tms-disk":
+            tms.set_disk_backup_dir(os.path.join(disk_dir, "zerohop-bench-tms-disk"))
+        with tms.region(enable_cpu_backup=mode == "tms-cpu", enable_disk_backup=mode == "tms-disk"):
+            tensors = make()
+    else:
+        tensors = make()
+    torch.cuda.synchronize()
+
+    def digest() -> list:
+        return [int(t.view(torch.int64).sum()) for t in tensors]
+
+    want = digest()
+    backing = None  # seconds zerohop's resume spent getting the memory back
+    print(json.dumps({"ready": os.getpid(), "rss": rss()}), flush=True)
+    for line in sys.stdin:
+        op, *arg = line.split()
+        t0 = time.perf_counter()
+        if op == "pause":
+            torch.cuda.synchronize()
+            if tms is not None:
+                tms.pause()
+            else:
+                zerohop.suspend(arg[0])
+        elif op == "resume":
+            if tms is not None:
+                tms.resume()
+            else:
+                resumed = zerohop.resume(arg[0])
+                backing = resumed["backing_seconds"]
+                print(f"  resume: {resumed['gbps']:.1f} GB/s via {resumed['path']}", file=sys.stderr)
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        intact = digest() == want if op == "check" else None
+        print(json.dumps({"seconds": seconds, "rss": rss(), "intact": intact, "backing_s": backing}), flush=True)
+        backing = None
+    del server, tensors
+
+
+# --- the parent ------------------------------------------------------------
+
+class Child:
+    def __init__(self, mode: str, args) -> None:
+        self.p = subprocess.Popen([sys.executable, __file__, "--child", mode, "--size-gib", str(args.size_gib),
+                                   "--disk", args.disk], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = self.reply()
+        self.pid, self.rss0 = ready["ready"], ready["rss"]
+
+    def reply(self) -> dict:
+        line = self.p.stdout.readline()
+        if not line:
+            raise SystemExit(f"the child process ended (exit {self.p.wait()})")
+        return json.loads(line)
+
+    def ask(self, *words) -> dict:
+        self.p.stdin.write(" ".join(map(str, words)) + "\n")
+        self.p.stdin.flush()
+        return self.reply()
+
+    def rss(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            return next(int(l.split()[1]) << 10 for l in f if l.startswith("VmRSS:"))
+
+    def gpu_mib(self) -> int:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=True).stdout
+        return sum(int(m) for p, m in (l.split(", ") for l in out.splitlines() if l) if int(p) == self.pid)
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        self.p.wait(timeout=120)
+
+
+class DriverCheckpoint:
+    """The driver's process checkpoint, called from this process."""
+
+    def __init__(self) -> None:
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.call("cuInit", 0)
+
+    def call(self, name: str, *args) -> None:
+        status = getattr(self.cuda, name)(*args)
+        if status:
+            raise RuntimeError(f"{name}: CUDA error {status}")
+
+    def pause(self, pid: int) -> None:
+        self.call("cuCheckpointProcessLock", pid, None)
+        self.call("cuCheckpointProcessCheckpoint", pid, None)
+
+    def resume(self, pid: int) -> None:
+        self.call("cuCheckpointProcessRestore", pid, None)
+        self.call("cuCheckpointProcessUnlock", pid, None)
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def run_row(mode: str, where: str, target: str, args, driver: DriverCheckpoint, rounds: int) -> dict:
+    """Pause/resume rounds of a fresh process, each to a fresh dir."""
+    c = Child("plain" if mode == "driver" else mode, args)
+    gpu_before = c.gpu_mib()
+    done = []
+    for r in range(rounds):
+        d = os.path.join(target, f"zerohop-suspend-{mode}-{r}")
+        backing = None
+        rss = c.rss()
+        t0 = time.perf_counter()
+        if mode == "checkpoint-process":
+            subprocess.run([args.zerohop, "checkpoint-process", str(c.pid), d], check=True, stdout=subprocess.DEVNULL)
+        elif mode == "driver":
+            driver.pause(c.pid)
+        else:
+            c.ask("pause", d)
+        pause = time.perf_counter() - t0
+        held_gpu, gained = c.gpu_mib(), c.rss() - rss
+        if where == "disk":
+            drop_caches()  # the resume reads the disk, not the page cache
+        t0 = time.perf_counter()
+        if mode == "checkpoint-process":
+            subprocess.run([args.zerohop, "restore-process", str(c.pid), d], check=True, stdout=subprocess.DEVNULL)
+        elif mode == "driver":
+            driver.resume(c.pid)
+        else:
+            backing = c.ask("resume", d)["backing_s"]
+        resume = time.perf_counter() - t0
+        intact = c.ask("check")["intact"]
+        done.append({"pause_s": pause, "resume_s": resume, "gpu_mib_paused": held_gpu,
+                       "host_gained_bytes": gained, "intact": intact,
+                     "backing_s": backing})
+        shutil.rmtree(d, ignore_errors=True)
+    c.close()
+    shutil.rmtree(os.path.join(args.disk, "zerohop-bench-tms-disk"), ignore_errors=True)
+    return {"mode": mode, "where": where, "gpu_mib_running": gpu_before, "rounds": done}
+
+
+def raw_rates(zerohop: str, target: str, size_gib: int) -> dict:
+    out = subprocess.run([zerohop, "bench", "checkpoint", "--size", f"{size_gib}GiB", "--dir", target, "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    b = json.loads(out)
+    return {"raw_write_gbps": max(r["gbps"] for r in b["raw_write_from_ram"]),
+            "raw_read_gbps": max(r["gbps"] for r in b["raw_read"])}
+
+
+def backing_note(row: dict) -> str:
+    b = [x["backing_s"] for x in row["rounds"] if x["backing_s"] is not None]
+    return f"  (resume: {min(b):.3f} s getting the memory back)" if b else ""
+
+
+def report(rows: list, limits: dict, size: int) -> None:
+    gb = size / 1e9
+    driver = {r["where"]: r for r in rows if r["mode"] == "driver"}.get("tmpfs")
+    best = lambda r, k: min(x[k] for x in r["rounds"])  # noqa: E731
+    for where in ("tmpfs", "disk"):
+        lim = limits.get(where)
+        if lim:
+            print(f"\n{where}: raw write {lim['raw_write_gbps']:.2f} GB/s ({gb / lim['raw_write_gbps']:.2f} s), "
+                  f"raw read {lim['raw_read_gbps']:.2f} GB/s ({gb / lim['raw_read_gbps']:.2f} s) for {gb:.2f} GB")
+        print(f"{'row':<20} {'pause s':>8} {'resume s':>9} {'GB/s':>11} {'GPU MiB':>15} {'host gained':>12}"
+              f" {'vs driver':>10}  verified")
+        for r in (r for r in rows if r["where"] == where):
+            p, s = best(r, "pause_s"), best(r, "resume_s")
+            vs = f"{best(driver, 'pause_s') / p:5.1f}x" if driver else "-"
+            gpu = f"{r['gpu_mib_running']}->{max(x['gpu_mib_paused'] for x in r['rounds'])}"
+            host = max(x["host_gained_bytes"] for x in r["rounds"]) / (1 << 20)
+            ok = all(x["intact"] for x in r["rounds"])
+            print(f"{r['mode']:<20} {p:8.3f} {s:9.3f} {gb / p:5.1f}/{gb / s:5.1f} {gpu:>15} {host:9.0f} MiB"
+                  f" {vs:>10}  {'yes' if ok else 'NO'}{backing_note(r)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--zerohop", default="target/release/zerohop", help="the zerohop binary")
+    ap.add_argument("--size-gib", type=int, default=16)
+    ap.add_argument("--tmpfs", default="/dev/shm")
+    ap.add_argument("--disk", default="/var/tmp")
+    ap.add_argument("--rows", default="driver,zerohop,checkpoint-process,tms-cpu",
+                    help="tmpfs rows, in order (disk: zerohop and tms-disk)")
+    ap.add_argument("--no-disk", action="store_true")
+    ap.add_argument("--json-out")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child, args.size_gib, args.disk)
+    if shutil.which("nvidia-smi") is None:
+        print("suspend bench: no NVIDIA GPU here: nothing to measure (it needs a GPU and its driver)")
+        return
+    driver = DriverCheckpoint()
+    limits = {"tmpfs": raw_rates(args.zerohop, args.tmpfs, args.size_gib)}
+    rows = [run_row(m, "tmpfs", args.tmpfs, args, driver, 2) for m in args.rows.split(",")]
+    if not args.no_disk:
+        limits["disk"] = raw_rates(args.zerohop, args.disk, min(args.size_gib, 8))
+        rows += [run_row(m, "disk", args.disk, args, driver, 1) for m in ("zerohop", "tms-disk")]
+    size = args.size_gib << 30
+    report(rows, limits, size)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"bytes": size, "limits": limits, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
