@@ -20,8 +20,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 stage() {
     rm -rf .stage && mkdir -p .stage/bin .stage/tests
-    CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p zerohop-cli
-    cp target/release/zerohop .stage/bin/
+    CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p zerohop-cli -p zerohop-preload
+    cp target/release/zerohop target/release/libzerohop_preload.so .stage/bin/
     # The test targets that hold GPU tests (#[ignore = "needs an NVIDIA
     # GPU"] here); the rest run in CI. Fewer binaries keep the carried
     # tree under the device tool's size limit.
@@ -221,7 +221,8 @@ device() {
             # ZEROHOP_PYTESTS: test files to run instead of all (and then
             # not the compatibility tests).
             # shellcheck disable=SC2086 # a list of files
-            ZEROHOP_BIN="$PWD/.stage/bin/zerohop" python3 -m pytest -q -rs -p no:cacheprovider ${ZEROHOP_PYTESTS:-python/tests} \
+            ZEROHOP_BIN="$PWD/.stage/bin/zerohop" ZEROHOP_PRELOAD="$PWD/.stage/bin/libzerohop_preload.so" \
+                python3 -m pytest -q -rs -p no:cacheprovider ${ZEROHOP_PYTESTS:-python/tests} \
                 2>&1 | tee "$OUT/python-tests.txt"
             # safetensors 0.8's PyTorch tests against zerohop (the machine
             # has safetensors 0.8.0 installed).

@@ -43,9 +43,12 @@ MATURIN_PEP517_ARGS="--profile dev --features sim,pyo3/extension-module" \
 export PATH="$venv/bin:$PATH"
 
 cargo test --workspace "$@"
+# The preloaded library is a cdylib, which `cargo test` does not link.
+cargo build -p zerohop-preload "$@"
 
 # From outside the checkout, so `import zerohop` is the installed package;
 # the agent tests run the binary `cargo test` built.
 export ZEROHOP_BIN="$PWD/target/debug/zerohop"
+export ZEROHOP_PRELOAD="$PWD/target/debug/libzerohop_preload.so"
 (cd python/tests && "$py" -m pytest -q -rs -p no:cacheprovider .)
 "$py" python/compat/run.py

@@ -14,6 +14,7 @@ mod driver;
 mod error;
 mod ipc;
 mod memory;
+pub mod next;
 mod process;
 mod stream;
 mod vmm;

@@ -109,6 +109,11 @@ impl SuspendableHeap {
             .ok_or_else(|| Error::invalid(format!("no allocation at {addr:#x}")))
     }
 
+    /// Whether `addr` is the start of one of the heap's allocations.
+    pub fn owns(&self, addr: DeviceAddr) -> bool {
+        self.lock().allocations.contains_key(&addr)
+    }
+
     /// The live allocations: (address, bytes asked for), by address.
     pub fn allocations(&self) -> Vec<(DeviceAddr, usize)> {
         let heap = self.lock();
