@@ -159,6 +159,20 @@ def drop_caches() -> None:
         f.write("3\n")
 
 
+def actions(mode: str, c: Child, d: str, zerohop: str, driver: DriverCheckpoint):
+    """The row's pause and resume of process `c` to and from `d`; the
+    resume returns the seconds zerohop spent getting the memory back, where
+    it says."""
+    if mode == "checkpoint-process":
+        def cli(verb: str) -> None:
+            subprocess.run([zerohop, verb, str(c.pid), d], check=True, stdout=subprocess.DEVNULL)
+
+        return lambda: cli("checkpoint-process"), lambda: cli("restore-process")
+    if mode == "driver":
+        return lambda: driver.pause(c.pid), lambda: driver.resume(c.pid)
+    return lambda: c.ask("pause", d), lambda: c.ask("resume", d)["backing_s"]
+
+
 def run_row(mode: str, where: str, target: str, args, driver: DriverCheckpoint, rounds: int) -> dict:
     """Pause/resume rounds of a fresh process, each to a fresh dir."""
     c = Child("plain" if mode == "driver" else mode, args)
@@ -166,26 +180,16 @@ def run_row(mode: str, where: str, target: str, args, driver: DriverCheckpoint, 
     done = []
     for r in range(rounds):
         d = os.path.join(target, f"zerohop-suspend-{mode}-{r}")
-        backing = None
+        do_pause, do_resume = actions(mode, c, d, args.zerohop, driver)
         rss = c.rss()
         t0 = time.perf_counter()
-        if mode == "checkpoint-process":
-            subprocess.run([args.zerohop, "checkpoint-process", str(c.pid), d], check=True, stdout=subprocess.DEVNULL)
-        elif mode == "driver":
-            driver.pause(c.pid)
-        else:
-            c.ask("pause", d)
+        do_pause()
         pause = time.perf_counter() - t0
         held_gpu, gained = c.gpu_mib(), c.rss() - rss
         if where == "disk":
             drop_caches()  # the resume reads the disk, not the page cache
         t0 = time.perf_counter()
-        if mode == "checkpoint-process":
-            subprocess.run([args.zerohop, "restore-process", str(c.pid), d], check=True, stdout=subprocess.DEVNULL)
-        elif mode == "driver":
-            driver.resume(c.pid)
-        else:
-            backing = c.ask("resume", d)["backing_s"]
+        backing = do_resume()
         resume = time.perf_counter() - t0
         intact = c.ask("check")["intact"]
         done.append({"pause_s": pause, "resume_s": resume, "gpu_mib_paused": held_gpu,

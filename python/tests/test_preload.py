@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 
+import line_worker
 import pytest
 
 PRELOAD = os.environ.get("ZEROHOP_PRELOAD")
 BIN = os.environ.get("ZEROHOP_BIN")
-HERE = os.path.dirname(__file__)
 
 needs_library = pytest.mark.skipif(not PRELOAD or not BIN, reason="ZEROHOP_PRELOAD or ZEROHOP_BIN is not set")
 
@@ -48,16 +48,8 @@ def gpu_present():
 def test_a_program_unaware_of_zerohop_is_suspended_at_its_next_synchronize(tmp_path):
     import torch
 
-    p = subprocess.Popen([sys.executable, os.path.join(HERE, "preload_worker.py")], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, env={**os.environ, "LD_PRELOAD": PRELOAD})
-
-    def ask(command):
-        p.stdin.write(command + "\n")
-        p.stdin.flush()
-        return p.stdout.readline().strip()
-
+    p, ask = line_worker.start("preload_worker.py", env={**os.environ, "LD_PRELOAD": PRELOAD})
     try:
-        assert p.stdout.readline().strip() == "ready"
         free_before = torch.cuda.mem_get_info()[0]
         done = subprocess.run([BIN, "suspend", str(p.pid), str(tmp_path / "s")], capture_output=True, text=True,
                               timeout=300)
@@ -73,5 +65,4 @@ def test_a_program_unaware_of_zerohop_is_suspended_at_its_next_synchronize(tmp_p
         time.sleep(0.3)
         assert int(ask("steps")) > stepped and ask("check") == "intact"
     finally:
-        p.stdin.close()
-        assert p.wait(timeout=60) == 0
+        line_worker.stop(p)

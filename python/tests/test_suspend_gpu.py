@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import line_worker
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -60,38 +61,33 @@ def test_tensors_and_a_captured_graph_survive_a_suspend(tmp_path):
 # driven by the zerohop command.
 
 BIN = os.environ.get("ZEROHOP_BIN")
-HERE = os.path.dirname(__file__)
 
 
 @pytest.fixture
 def worker():
-    """Starts suspend_gpu_worker.py with MiB of filler; yields (process, ask)."""
+    """Yields start(mib): suspend_gpu_worker.py with MiB of filler, as (process, ask)."""
     if not BIN:
         pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
     started = []
 
     def start(mib):
-        p = subprocess.Popen([sys.executable, os.path.join(HERE, "suspend_gpu_worker.py"), str(mib)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        started.append(p)
-        assert p.stdout.readline().startswith("ready ")
-
-        def ask(command):
-            p.stdin.write(command + "\n")
-            p.stdin.flush()
-            return p.stdout.readline().strip()
-
-        return p, ask
+        started.append(line_worker.start("suspend_gpu_worker.py", mib))
+        return started[-1]
 
     yield start
-    for p in started:
+    for p, _ in started:
         if p.poll() is None:
-            p.stdin.close()
-            assert p.wait(timeout=60) == 0
+            line_worker.stop(p)
 
 
 def zerohop_cli(*args):
     return subprocess.run([BIN, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def resumes_intact(p, ask, checkpoint):
+    resumed = zerohop_cli("resume", p.pid, checkpoint)
+    assert resumed.returncode == 0, resumed.stderr
+    assert ask("check") == "intact"
 
 
 def free_mib():
@@ -114,9 +110,7 @@ def test_a_transformer_in_another_process_is_identical_after_suspend_and_resume(
     del other
     torch.cuda.empty_cache()
 
-    resumed = zerohop_cli("resume", p.pid, tmp_path / "s")
-    assert resumed.returncode == 0, resumed.stderr
-    assert ask("check") == "intact"
+    resumes_intact(p, ask, tmp_path / "s")
 
 
 def test_a_resume_without_the_memory_fails_clearly_and_can_be_retried(worker, tmp_path):
@@ -129,9 +123,7 @@ def test_a_resume_without_the_memory_fails_clearly_and_can_be_retried(worker, tm
     assert ask("work") == "paused" and ask("mib") == "0"
     del hog
     torch.cuda.empty_cache()
-    resumed = zerohop_cli("resume", p.pid, tmp_path / "s")
-    assert resumed.returncode == 0, resumed.stderr
-    assert ask("check") == "intact"
+    resumes_intact(p, ask, tmp_path / "s")
 
 
 def test_a_process_killed_mid_suspend_leaves_no_checkpoint_and_no_memory(worker, tmp_path):

@@ -3,31 +3,21 @@ process serving its heap (suspend_worker.py, host memory)."""
 
 import os
 import subprocess
-import sys
 
+import line_worker
 import pytest
 from damage import damaged_copy
 
 BIN = os.environ.get("ZEROHOP_BIN")
-HERE = os.path.dirname(__file__)
 
 
 @pytest.fixture
 def worker():
     if not BIN:
         pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
-    p = subprocess.Popen([sys.executable, os.path.join(HERE, "suspend_worker.py")], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().startswith("ready ")
-
-    def ask(command):
-        p.stdin.write(command + "\n")
-        p.stdin.flush()
-        return p.stdout.readline().strip()
-
+    p, ask = line_worker.start("suspend_worker.py")
     yield p, ask
-    p.stdin.close()
-    assert p.wait(timeout=30) == 0
+    line_worker.stop(p)
 
 
 def zerohop(*args):

@@ -105,12 +105,28 @@ fn make(device: c_int) -> zerohop::Result<Preloaded> {
     })
 }
 
-/// `size` bytes for `device` from the heap, if it is the heap's device:
-/// the address, or the status to return (any failure is out of memory to
-/// the caller, as the driver's own would be).
-fn heap_alloc(device: c_int, size: usize) -> Option<Result<u64, c_int>> {
-    let p = preloaded(device)?;
-    Some(p.heap.alloc(size).map_err(|_| OUT_OF_MEMORY))
+/// `size` bytes from the heap, if `current_device` (the runtime's or the
+/// driver's) names the heap's device: the status to return, after handing
+/// the address to `write`; `None` for the caller to forward the call. Any
+/// failure is out of memory to the caller, as the driver's own would be.
+fn allocate(
+    size: usize,
+    current_device: Option<next::GetDeviceFn>,
+    write: impl FnOnce(u64),
+) -> Option<c_int> {
+    let get = current_device.filter(|_| size > 0)?;
+    let mut device = -1;
+    // SAFETY: writes one int (a device ordinal or a CUdevice, the same).
+    if unsafe { get(&mut device) } != SUCCESS {
+        return None;
+    }
+    Some(match preloaded(device)?.heap.alloc(size) {
+        Ok(addr) => {
+            write(addr);
+            SUCCESS
+        }
+        Err(_) => OUT_OF_MEMORY,
+    })
 }
 
 /// Frees `addr` if the heap holds it, after the device's work is done (as
@@ -165,23 +181,11 @@ pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int
                 }
             }
         });
-        let mut device = -1;
-        let own = (size > 0 && !ptr.is_null())
-            .then(next::cuda_get_device)
-            .flatten()
-            // SAFETY: writes one int.
-            .filter(|get| unsafe { get(&mut device) } == SUCCESS)
-            .and_then(|_| heap_alloc(device, size));
-        match own {
-            Some(Ok(addr)) => {
-                // SAFETY: the caller's out-pointer, checked non-null.
-                unsafe { *ptr = addr as *mut c_void };
-                SUCCESS
-            }
-            Some(Err(status)) => status,
+        let device = (!ptr.is_null()).then(next::cuda_get_device).flatten();
+        // SAFETY: the caller's out-pointer, checked non-null.
+        allocate(size, device, |addr| unsafe { *ptr = addr as *mut c_void })
             // SAFETY: the caller's arguments, forwarded.
-            None => unsafe { real(ptr, size) },
-        }
+            .unwrap_or_else(|| unsafe { real(ptr, size) })
     })
 }
 
@@ -228,23 +232,11 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> c_int {
         let Some(real) = next::cu_mem_alloc() else {
             return INVALID_VALUE;
         };
-        let mut device = -1;
-        let own = (size > 0 && !dptr.is_null())
-            .then(next::cu_ctx_get_device)
-            .flatten()
-            // SAFETY: writes one int (a CUdevice).
-            .filter(|get| unsafe { get(&mut device) } == SUCCESS)
-            .and_then(|_| heap_alloc(device, size));
-        match own {
-            Some(Ok(addr)) => {
-                // SAFETY: the caller's out-pointer, checked non-null.
-                unsafe { *dptr = addr };
-                SUCCESS
-            }
-            Some(Err(status)) => status,
+        let device = (!dptr.is_null()).then(next::cu_ctx_get_device).flatten();
+        // SAFETY: the caller's out-pointer, checked non-null.
+        allocate(size, device, |addr| unsafe { *dptr = addr })
             // SAFETY: the caller's arguments, forwarded.
-            None => unsafe { real(dptr, size) },
-        }
+            .unwrap_or_else(|| unsafe { real(dptr, size) })
     })
 }
 
