@@ -44,7 +44,7 @@ export PATH="$venv/bin:$PATH"
 
 cargo test --workspace "$@"
 # The preloaded library is a cdylib, which `cargo test` does not link.
-cargo build -p zerohop-preload "$@"
+cargo build -p zerohop-preload
 
 # From outside the checkout, so `import zerohop` is the installed package;
 # the agent tests run the binary `cargo test` built.

@@ -25,8 +25,9 @@ use zerohop_checkpoint::{self as ckpt, Region, SaveOptions, Saved};
 /// Metadata key marking a checkpoint as a suspended heap.
 pub const SUSPEND_KEY: &str = "zerohop.suspend";
 
-/// Threads that put memory behind the allocations on a resume: the driver
-/// creates and maps physical memory at a few GB/s per thread.
+/// Threads that put memory behind the allocations on a resume, each
+/// allocation a few driver calls of its own (64 x 256 MiB took 7 - 8 ms on
+/// 8 threads on the H200).
 const BACKING_THREADS: usize = 8;
 
 /// The allocations of one device, suspendable together.
