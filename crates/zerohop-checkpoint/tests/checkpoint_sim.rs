@@ -48,7 +48,7 @@ fn engine_on(sim: SimConfig) -> Engine {
             },
             io_threads: 3,
             // Mapped-copy windows smaller than a chunk: restores, which
-            // check whole chunks, must not take that route.
+            // check whole chunks, must copy whole slots all the same.
             mapped_window_bytes: 4096,
             ..EngineConfig::default()
         },
@@ -228,6 +228,33 @@ fn damage_is_found_and_named() {
         );
         assert!(err.to_string().contains("manifest"), "{err}");
     }
+}
+
+/// A restore of files in the page cache copies them out of their mapping
+/// in whole slots (the engine's mapped windows are smaller than a chunk),
+/// checking every chunk: the bytes come back, and a flipped one is found.
+#[test]
+fn a_restore_from_the_page_cache_copies_from_the_mapping_and_checks_every_chunk() {
+    let dir = TestDir::new("mapped-restore");
+    let e = engine();
+    let (regions, data) = regions(&e, 5);
+    let ck = dir.path("c");
+    let m = save(&e, &regions, &ck, &opts(), None).unwrap().manifest;
+    // Through the page cache: every data file resident, so hot.
+    for f in &m.files {
+        std::fs::read(ck.join(&f.name)).unwrap();
+    }
+    let r = restore(&e, &ck, None).unwrap();
+    assert_eq!(r.stats.mapped_bytes, r.stats.bytes, "{}", r.stats.path);
+    for (entry, buf) in r.manifest.entries.iter().zip(&r.buffers) {
+        let i = regions.iter().position(|g| g.name == entry.name).unwrap();
+        assert!(contents(&e, buf) == data[i], "{}", entry.name);
+    }
+    let big = m.entries.iter().find(|x| x.name == "t.6").unwrap();
+    flip(&ck.join(&m.files[big.file].name), big.offset + 70_000);
+    let err = restore(&e, &ck, None).err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::Integrity, "{err}");
+    assert!(err.to_string().contains("\"t.6\""), "{err}");
 }
 
 /// An incremental save rewrites only the changed chunks, restores to the

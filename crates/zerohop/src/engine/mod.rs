@@ -197,10 +197,10 @@ impl Engine {
 
     /// As [`Engine::transfer`], with `check` shown every window's bytes in
     /// its staging slot before they are copied to the device; an error from
-    /// it stops the transfer. Every window takes the staged route: whole
-    /// slots, as restores check whole chunks (mapped copies cut smaller
-    /// windows, and page-cache DMA never puts the bytes where the CPU sees
-    /// them).
+    /// it stops the transfer. Every window is a whole slot, as restores
+    /// check whole chunks; files in the page cache are copied out of their
+    /// mapping (page-cache DMA never puts the bytes where the CPU sees them),
+    /// the others read into the slots.
     pub fn transfer_checked(
         &self,
         files: &[SourceFile],
