@@ -9,6 +9,10 @@ for, and each resume is checked against a digest of every tensor:
                   called inside the process
   checkpoint-process  `zerohop checkpoint-process PID DIR` / `restore-process`
                   from outside (the process serves zerohop.serve_suspend)
+  preload         the same, for a process that knows nothing of zerohop,
+                  run with libzerohop_preload.so preloaded: all its
+                  cudaMalloc'd memory suspendable; a thread of it
+                  synchronizes every millisecond (its quiet points)
   driver          cuCheckpointProcessLock + Checkpoint / Restore + Unlock
                   from outside: what `cuda-checkpoint --toggle` does, to the
                   process's host RAM only (nothing durable)
@@ -16,8 +20,9 @@ for, and each resume is checked against a digest of every tensor:
   tms-disk        torch_memory_saver pause/resume, disk backup (disk only)
 
 plus the raw write and read rates of each directory (`zerohop bench
-checkpoint`; on disk one round per row, 8 GiB for the raw rates). For each row: GPU memory the process holds while paused
-(nvidia-smi) and the host memory it gained.
+checkpoint`; on disk one round per row, 8 GiB for the raw rates). For each
+row: GPU memory the process holds while paused (nvidia-smi) and the host
+memory it gained.
 
   python3 bench/suspend.py --zerohop target/release/zerohop [--size-gib 16]
 """
@@ -31,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 TENSOR = 256 << 20
@@ -67,6 +73,10 @@ def child(mode: str, size_gib: int, disk_dir: str) -> None:
     else:
         tensors = make()
     torch.cuda.synchronize()
+    stop = threading.Event()
+    stepper = threading.Thread(target=quiet_points, args=(torch, stop))
+    if mode == "preload":
+        stepper.start()
 
     def digest() -> list:
         return [int(t.view(torch.int64).sum()) for t in tensors]
@@ -95,15 +105,28 @@ def child(mode: str, size_gib: int, disk_dir: str) -> None:
         intact = digest() == want if op == "check" else None
         print(json.dumps({"seconds": seconds, "rss": rss(), "intact": intact, "backing_s": backing}), flush=True)
         backing = None
+    stop.set()
+    if stepper.is_alive():
+        stepper.join()
     del server, tensors
+
+
+def quiet_points(torch, stop) -> None:
+    """A thread that synchronizes every millisecond, as a serving loop's
+    steps would: the preloaded library's quiet points."""
+    while not stop.is_set():
+        torch.cuda.synchronize()
+        time.sleep(0.001)
 
 
 # --- the parent ------------------------------------------------------------
 
 class Child:
     def __init__(self, mode: str, args) -> None:
+        env = {**os.environ, "LD_PRELOAD": args.preload} if mode == "preload" else None
         self.p = subprocess.Popen([sys.executable, __file__, "--child", mode, "--size-gib", str(args.size_gib),
-                                   "--disk", args.disk], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                   "--disk", args.disk], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=env)
         ready = self.reply()
         self.pid, self.rss0 = ready["ready"], ready["rss"]
 
@@ -163,7 +186,7 @@ def actions(mode: str, c: Child, d: str, zerohop: str, driver: DriverCheckpoint)
     """The row's pause and resume of process `c` to and from `d`; the
     resume returns the seconds zerohop spent getting the memory back, where
     it says."""
-    if mode == "checkpoint-process":
+    if mode in ("checkpoint-process", "preload"):
         def cli(verb: str) -> None:
             subprocess.run([zerohop, verb, str(c.pid), d], check=True, stdout=subprocess.DEVNULL)
 
@@ -241,7 +264,8 @@ def main() -> None:
     ap.add_argument("--size-gib", type=int, default=16)
     ap.add_argument("--tmpfs", default="/dev/shm")
     ap.add_argument("--disk", default="/var/tmp")
-    ap.add_argument("--rows", default="driver,zerohop,checkpoint-process,tms-cpu",
+    ap.add_argument("--preload", help="libzerohop_preload.so (default: beside --zerohop)")
+    ap.add_argument("--rows", default="driver,zerohop,checkpoint-process,preload,tms-cpu",
                     help="tmpfs rows, in order (disk: zerohop and tms-disk)")
     ap.add_argument("--no-disk", action="store_true")
     ap.add_argument("--json-out")
@@ -249,6 +273,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args.child, args.size_gib, args.disk)
+    args.preload = args.preload or os.path.join(os.path.dirname(os.path.abspath(args.zerohop)), "libzerohop_preload.so")
     if shutil.which("nvidia-smi") is None:
         print("suspend bench: no NVIDIA GPU here: nothing to measure (it needs a GPU and its driver)")
         return
