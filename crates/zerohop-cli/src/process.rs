@@ -78,22 +78,32 @@ pub fn checkpoint(args: &CheckpointProcessArgs) -> Result<()> {
         ));
     }
     create_dir_durable(&args.dir)?;
+    let memory = args.dir.join(MEMORY);
+    let resume = SuspendRequest::Resume {
+        dir: absolute(&memory)?,
+    };
     let start = Instant::now();
     let zerohop_suspend = serves_suspend(pid);
     if zerohop_suspend {
         let request = SuspendRequest::Suspend {
-            dir: absolute(&args.dir.join(MEMORY))?,
+            dir: absolute(&memory)?,
             parent: args
                 .parent
                 .as_deref()
                 .map(|p| absolute(&p.join(MEMORY)))
                 .transpose()?,
         };
-        let (_, bytes) = ask_suspend(pid, &request)?;
+        let (_, bytes) = ask_suspend(pid, &request).inspect_err(|_| {
+            // No checkpoint was committed (one that was, the process may
+            // be suspended to): nothing to keep.
+            if !memory.exists() {
+                let _ = std::fs::remove_dir_all(&args.dir);
+            }
+        })?;
         eprintln!(
             "zerohop: {} of GPU memory written to {} in {:.2} s",
             human_bytes(bytes),
-            args.dir.join(MEMORY).display(),
+            memory.display(),
             start.elapsed().as_secs_f64()
         );
     } else {
@@ -102,47 +112,70 @@ pub fn checkpoint(args: &CheckpointProcessArgs) -> Result<()> {
         );
     }
     let suspend_seconds = start.elapsed().as_secs_f64();
-    let rss_before = resident_bytes(pid)?;
-    let driver_start = Instant::now();
-    let driver = api
-        .lock(pid, Duration::from_secs(args.lock_timeout))
-        .and_then(|()| {
-            api.checkpoint(pid).inspect_err(|_| {
-                let _ = api.unlock(pid);
-            })
-        });
-    if let Err(e) = driver {
-        // Leave the process as it was: running, its memory back.
-        if zerohop_suspend {
-            let back = SuspendRequest::Resume {
-                dir: absolute(&args.dir.join(MEMORY))?,
-            };
-            if let Err(r) = ask_suspend(pid, &back) {
-                eprintln!("zerohop: and the process could not be resumed: {r}");
+    let timeout = Duration::from_secs(args.lock_timeout);
+    let record = match driver_checkpoint(api, pid, timeout) {
+        Ok(driver) => ProcessRecord {
+            pid,
+            zerohop_suspend,
+            suspend_seconds,
+            ..driver
+        },
+        Err(e) => {
+            // Leave the process as it was: running, its memory back.
+            match zerohop_suspend.then(|| ask_suspend(pid, &resume)) {
+                Some(Err(r)) => eprintln!(
+                    "zerohop: and the process could not be resumed ({r}): its memory stays in {}",
+                    memory.display()
+                ),
+                _ => {
+                    let _ = std::fs::remove_dir_all(&args.dir);
+                }
             }
+            return Err(e);
         }
-        return Err(
-            Error::from(e).context(format!("the driver could not checkpoint process {pid}"))
-        );
-    }
-    let driver_seconds = driver_start.elapsed().as_secs_f64();
-    let record = ProcessRecord {
-        pid,
-        zerohop_suspend,
-        suspend_seconds,
-        driver_seconds,
-        driver_host_bytes: resident_bytes(pid)? as i64 - rss_before as i64,
     };
-    write_record(&args.dir, &record)?;
+    write_record(&args.dir, &record).inspect_err(|_| {
+        // Without its record the checkpoint cannot be restored: undo it.
+        if api.restore(pid).and_then(|()| api.unlock(pid)).is_ok() && zerohop_suspend {
+            let _ = ask_suspend(pid, &resume);
+        }
+    })?;
     println!(
         "checkpointed process {pid} to {} in {:.2} s (zerohop {:.2} s, driver {:.2} s); the driver staged {} in its host memory",
         args.dir.display(),
         start.elapsed().as_secs_f64(),
         suspend_seconds,
-        driver_seconds,
+        record.driver_seconds,
         human_bytes(record.driver_host_bytes.max(0) as u64),
     );
     Ok(())
+}
+
+/// The driver's lock and checkpoint of `pid`: its seconds and what the
+/// process's resident host memory grew by (what the driver staged there).
+/// Unlocked again if the checkpoint fails.
+fn driver_checkpoint(
+    api: &ProcessCheckpoint,
+    pid: u32,
+    timeout: Duration,
+) -> Result<ProcessRecord> {
+    let rss_before = resident_bytes(pid)?;
+    let started = Instant::now();
+    let done = api.lock(pid, timeout).and_then(|()| {
+        api.checkpoint(pid).inspect_err(|_| {
+            let _ = api.unlock(pid);
+        })
+    });
+    done.map_err(|e| {
+        Error::from(e).context(format!("the driver could not checkpoint process {pid}"))
+    })?;
+    Ok(ProcessRecord {
+        pid,
+        zerohop_suspend: false,
+        suspend_seconds: 0.0,
+        driver_seconds: started.elapsed().as_secs_f64(),
+        driver_host_bytes: resident_bytes(pid).map_or(0, |r| r as i64 - rss_before as i64),
+    })
 }
 
 pub fn restore(args: &RestoreProcessArgs) -> Result<()> {
