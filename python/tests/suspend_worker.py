@@ -1,6 +1,7 @@
 """A process that serves suspend requests for its heap of host memory (the
-test drives it with `zerohop suspend/resume PID DIR`): it prints
-"ready PID", then answers lines on stdin: "check" (are the bytes intact?),
+test drives it with `zerohop suspend/resume PID DIR`), with MiB more of it
+than the small allocations (argv[1], default 0): it prints "ready PID",
+then answers lines on stdin: "check" (are the bytes intact?),
 "state" (bytes of memory behind the heap, and where it is suspended to),
 "work" (takes the lock, as a process's step would).
 """
@@ -14,9 +15,11 @@ from zerohop import _native
 
 lock = threading.Lock()
 allocations = []
-for i, n in enumerate([(1 << 20) + 3, 3 << 20]):
+extra = int(sys.argv[1]) << 20 if len(sys.argv) > 1 else 0
+for i, n in enumerate([(1 << 20) + 3, 3 << 20] + ([extra] if extra else [])):
     addr = _native.heap_alloc("cpu", n)
-    data = bytes((j * 13 + i) % 251 for j in range(n))
+    period = bytes((j * 13 + i) % 251 for j in range(251))  # the pattern repeats every 251 bytes
+    data = (period * (n // 251 + 1))[:n]
     ctypes.memmove(addr, data, n)
     allocations.append((addr, data))
 server = zerohop.serve_suspend(device="cpu", lock=lock)

@@ -3,6 +3,7 @@ process serving its heap (suspend_worker.py, host memory)."""
 
 import os
 import subprocess
+import time
 
 import line_worker
 import pytest
@@ -76,3 +77,26 @@ def test_checkpoint_process_refuses_clearly_and_creates_nothing(tmp_path):
         idle.kill()
         idle.wait()
     assert not (tmp_path / "c").exists()
+
+
+def test_killing_the_command_mid_suspend_leaves_a_whole_checkpoint_or_none(tmp_path):
+    # The command is only a client: the process finishes the suspend it
+    # asked for, and commits it whole, or not at all; it resumes from it.
+    if not BIN:
+        pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
+    p, ask = line_worker.start("suspend_worker.py", 256)
+    try:
+        client = subprocess.Popen([BIN, "suspend", str(p.pid), str(tmp_path / "s")])
+        time.sleep(0.05)
+        client.kill()
+        client.wait()
+        deadline = time.monotonic() + 60
+        while ask("state").endswith(" None") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ask("state") == f"0 {tmp_path / 's'}", "the process finished the suspend"
+        assert zerohop("checkpoint", "verify", str(tmp_path / "s")).returncode == 0
+        resumed = zerohop("resume", str(p.pid), str(tmp_path / "s"))
+        assert resumed.returncode == 0, resumed.stderr
+        assert ask("check") == "intact"
+    finally:
+        line_worker.stop(p)
