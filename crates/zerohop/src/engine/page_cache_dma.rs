@@ -50,21 +50,17 @@ pub(super) fn map_files(
     (maps, notes)
 }
 
-/// Maps the pages of `len` bytes at `ptr` (a range of a live mapping) into
-/// our page tables before a registration or a CPU copy, which would
-/// otherwise fault them in a few at a time. Errors are ignored (kernels
-/// before 5.14, or a file truncated meanwhile): the registration or the
-/// copy then faults the pages itself, or fails and says so.
+/// Maps a window's pages into our page tables before registration, which
+/// would otherwise fault them in one by one. Errors are ignored (kernels
+/// before 5.14, or a file truncated meanwhile): registration then faults
+/// the pages itself, or fails and the window is staged.
 pub(super) fn populate(ptr: *const u8, len: usize) {
-    let page = rustix::param::page_size();
-    let start = ptr as usize / page * page;
-    // SAFETY: advice only, on the whole pages of a range of a live mapping
-    // (a mapping starts on a page, so rounding down stays inside it); it
+    // SAFETY: advice only, on a page-aligned range of a live mapping; it
     // changes no memory contents.
     let _ = unsafe {
         rustix::mm::madvise(
-            start as *mut std::ffi::c_void,
-            len + (ptr as usize - start),
+            ptr.cast_mut().cast(),
+            len,
             rustix::mm::Advice::LinuxPopulateRead,
         )
     };
