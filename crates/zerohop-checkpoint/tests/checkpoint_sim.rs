@@ -14,8 +14,8 @@ use zerohop::storage::PwriteBackend;
 use zerohop::testing::{FaultyWriteBackend, SimConfig, SimDevice, WriteFault};
 use zerohop::{Device, DeviceBuffer, Engine, EngineConfig, ErrorKind};
 use zerohop_checkpoint::{
-    remove, restore, restore_into, save, verify, ChecksumSite, Manifest, Region, SaveOptions,
-    MANIFEST_FILE,
+    remove, restore, restore_into, save, verify, ChecksumSite, Manifest, Region, Restored,
+    SaveOptions, MANIFEST_FILE,
 };
 
 const CHUNK: u64 = 16 << 10;
@@ -90,6 +90,14 @@ fn contents(e: &Engine, b: &DeviceBuffer) -> Vec<u8> {
     v
 }
 
+/// Every entry `r` restored holds the bytes of the region of its name.
+fn assert_restored(e: &Engine, r: &Restored, regions: &[Region], data: &[Vec<u8>]) {
+    for (entry, buf) in r.manifest.entries.iter().zip(&r.buffers) {
+        let i = regions.iter().position(|g| g.name == entry.name).unwrap();
+        assert!(contents(e, buf) == data[i], "{}", entry.name);
+    }
+}
+
 #[test]
 fn round_trip_new_and_existing_regions() {
     let dir = TestDir::new("roundtrip");
@@ -105,10 +113,7 @@ fn round_trip_new_and_existing_regions() {
     assert_eq!(names(&dir), vec!["step-1"]);
 
     let r = restore(&e, &ck, None).unwrap();
-    for (entry, buf) in r.manifest.entries.iter().zip(&r.buffers) {
-        let i = regions.iter().position(|g| g.name == entry.name).unwrap();
-        assert!(contents(&e, buf) == data[i], "{}", entry.name);
-    }
+    assert_restored(&e, &r, &regions, &data);
 
     let fresh: Vec<DeviceBuffer> = data
         .iter()
@@ -246,10 +251,7 @@ fn a_restore_from_the_page_cache_copies_from_the_mapping_and_checks_every_chunk(
     }
     let r = restore(&e, &ck, None).unwrap();
     assert_eq!(r.stats.mapped_bytes, r.stats.bytes, "{}", r.stats.path);
-    for (entry, buf) in r.manifest.entries.iter().zip(&r.buffers) {
-        let i = regions.iter().position(|g| g.name == entry.name).unwrap();
-        assert!(contents(&e, buf) == data[i], "{}", entry.name);
-    }
+    assert_restored(&e, &r, &regions, &data);
     let big = m.entries.iter().find(|x| x.name == "t.6").unwrap();
     flip(&ck.join(&m.files[big.file].name), big.offset + 70_000);
     let err = restore(&e, &ck, None).err().unwrap();

@@ -13,6 +13,28 @@ use zerohop::{Device, Engine, EngineConfig};
 use zerohop_cuda::Context;
 use zerohop_suspend::SuspendableHeap;
 
+/// Allocations of `sizes` bytes from `heap`, each filled with a pattern
+/// (seeds from `seed` on): their addresses and bytes.
+fn filled(
+    heap: &SuspendableHeap,
+    dev: &dyn Device,
+    sizes: &[usize],
+    seed: u64,
+) -> Vec<(u64, Vec<u8>)> {
+    sizes
+        .iter()
+        .zip(seed..)
+        .map(|(&n, seed)| {
+            let addr = heap.alloc(n).unwrap();
+            let bytes = pattern(n, seed);
+            // SAFETY: a live allocation of the heap, which nothing else touches.
+            let b = unsafe { dev.borrow(addr, n, None) }.unwrap();
+            dev.write_from_host(&b, 0, &bytes).unwrap();
+            (addr, bytes)
+        })
+        .collect()
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gpu_memory_is_handed_back_and_restored_at_the_same_addresses() {
@@ -25,15 +47,7 @@ fn gpu_memory_is_handed_back_and_restored_at_the_same_addresses() {
         Engine::new(dev.clone(), EngineConfig::default()).unwrap(),
     ));
     let dir = TestDir::under(std::path::Path::new("/dev/shm"), "suspend-gpu");
-    let mut data = Vec::new();
-    for (i, n) in [(256 << 20) + 3, 1000, 512 << 20].into_iter().enumerate() {
-        let addr = heap.alloc(n).unwrap();
-        let bytes = pattern(n, 30 + i as u64);
-        // SAFETY: a live allocation of the heap, which nothing else touches.
-        let b = unsafe { dev.borrow(addr, n, None) }.unwrap();
-        dev.write_from_host(&b, 0, &bytes).unwrap();
-        data.push((addr, bytes));
-    }
+    let data = filled(&heap, dev.as_ref(), &[(256 << 20) + 3, 1000, 512 << 20], 30);
     let (free_before, _) = ctx.memory_info().unwrap();
     let path = dir.path("s");
     // SAFETY: nothing else touches the heap's memory in this test.
@@ -80,16 +94,7 @@ fn a_suspend_is_an_ordinary_checkpoint_and_resumes_at_its_restore_rate() {
     let engine = Arc::new(Engine::new(dev.clone(), EngineConfig::default()).unwrap());
     let heap = SuspendableHeap::new(engine.clone());
     let dir = TestDir::under(std::path::Path::new("/dev/shm"), "suspend-rate");
-    let n = 256 << 20;
-    let mut data = Vec::new();
-    for i in 0..16u64 {
-        let addr = heap.alloc(n).unwrap();
-        // SAFETY: a live allocation of the heap, which nothing else touches.
-        let b = unsafe { dev.borrow(addr, n, None) }.unwrap();
-        let bytes = pattern(n, 60 + i);
-        dev.write_from_host(&b, 0, &bytes).unwrap();
-        data.push((format!("{addr:#x}"), bytes));
-    }
+    let data = filled(&heap, dev.as_ref(), &[256 << 20; 16], 60);
     let path = dir.path("s");
     // SAFETY: nothing else touches the heap's memory in this test.
     unsafe { heap.suspend(&path, None, None) }.unwrap();
@@ -120,7 +125,7 @@ fn a_suspend_is_an_ordinary_checkpoint_and_resumes_at_its_restore_rate() {
     for (e, buf) in ordinary.manifest.entries.iter().zip(&ordinary.buffers) {
         let want = &data
             .iter()
-            .find(|(name, _)| *name == e.name)
+            .find(|(addr, _)| format!("{addr:#x}") == e.name)
             .expect("an entry per allocation")
             .1;
         let mut back = vec![0u8; buf.len()];
