@@ -6,7 +6,7 @@
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
 # Steps: warm (touch host memory before timing), info, tests, python, hot,
-# cold, sweep, cold-sweep, phases, peers, peers-cold, distributed (2 GPUs),
+# cold, probe, sweep, cold-sweep, phases, peers, peers-cold, distributed (2 GPUs),
 # checkpoint, save, suspend, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
@@ -126,6 +126,26 @@ device() {
             ensure_disk
             zerohop bench load $DISK --cold --repeat 2 | tee "$OUT/bench-cold-disk.txt"
             zerohop bench load $DISK --cold --repeat 2 --slot 8MiB --staging 256MiB | tee "$OUT/bench-cold-disk-8m.txt"
+            ;;
+        probe)
+            # The hot route's ceiling without the engine (bench/probe/
+            # hot_copy.cu, built here with nvcc): ZEROHOP_PROBE is a
+            # ';'-separated list of option sets, each run 3 times. Then the
+            # first read of fresh tmpfs pages against the second
+            # (bench/probe/first_read.py), and the disk's queue limits,
+            # which cold reads meet.
+            ensure_hot
+            /usr/local/cuda/bin/nvcc -O2 -std=c++17 -o /tmp/hot_copy bench/probe/hot_copy.cu
+            IFS=';' read -ra configs <<< "${ZEROHOP_PROBE:---threads 16 --chunk 2 --slots 4}"
+            for args in "${configs[@]}"; do
+                # shellcheck disable=SC2086 # an option set
+                /tmp/hot_copy $HOT $args | tee -a "$OUT/probe.txt"
+            done
+            python3 bench/probe/first_read.py /dev/shm | tee -a "$OUT/probe.txt"
+            for q in /sys/block/*/queue; do
+                echo "$q: $(for f in max_sectors_kb max_hw_sectors_kb nr_requests read_ahead_kb scheduler; do
+                    printf '%s=%s ' $f "$(cat $q/$f)"; done) queues=$(ls "${q%/queue}/mq" 2>/dev/null | wc -l)" | tee -a "$OUT/probe.txt"
+            done
             ;;
         sweep)
             # Hot-route settings on the tmpfs file: GB/s per configuration.

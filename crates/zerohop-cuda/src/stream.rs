@@ -163,6 +163,16 @@ impl Event {
         )
     }
 
+    /// Whether the recorded work has completed, without waiting.
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: `raw` is a live event; the call names its own context, so
+        // none need be current.
+        match unsafe { sys::cuEventQuery(self.raw) } {
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            status => check(status, "cuEventQuery").map(|()| true),
+        }
+    }
+
     /// Milliseconds between `start` and this event (both timed and completed).
     pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
         debug_assert!(

@@ -129,7 +129,17 @@ impl GuardedMapping {
     pub fn new(file: &File, len: u64) -> io::Result<Self> {
         let map = FileMapping::new(file, len)?;
         let page = rustix::param::page_size();
-        let guard = BusGuard::new(map.ptr.cast(), map.len.div_ceil(page) * page)?;
+        let mapped = map.len.div_ceil(page) * page;
+        // Streaming reads: with this advice, dropping our page-table
+        // entries (`forget_pages`, unmap) leaves the pages' place on the
+        // kernel's LRU lists alone. Without it, the first read of pages
+        // written just before (a checkpoint being restored, a model just
+        // copied in) moves each one to the active list under a shared lock:
+        // 10 - 18 % slower with one thread on the build machine
+        // (bench/probe/first_read.py). Advice only: errors are ignored.
+        // SAFETY: advice on the mapping just made, which nothing else uses.
+        let _ = unsafe { rustix::mm::madvise(map.ptr, mapped, rustix::mm::Advice::Sequential) };
+        let guard = BusGuard::new(map.ptr.cast(), mapped)?;
         Ok(GuardedMapping {
             guard: Some(guard),
             map: Some(map),
