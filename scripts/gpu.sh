@@ -132,16 +132,18 @@ device() {
             # hot_copy.cu, built here with nvcc): ZEROHOP_PROBE is a
             # ';'-separated list of option sets, each run 3 times. Then the
             # first read of fresh tmpfs pages against the second
-            # (bench/probe/first_read.py), and the disk's queue limits,
+            # (bench/probe/first_read.py), what load_file's allocations cost
+            # (bench/probe/alloc.py), and the disk's queue limits,
             # which cold reads meet.
             ensure_hot
             /usr/local/cuda/bin/nvcc -O2 -std=c++17 -o /tmp/hot_copy bench/probe/hot_copy.cu
-            IFS=';' read -ra configs <<< "${ZEROHOP_PROBE:---threads 16 --chunk 2 --slots 4}"
+            IFS=';' read -ra configs <<< "${ZEROHOP_PROBE:---threads 16 --chunk 4 --slots 2 --wait poll --dontneed}"
             for args in "${configs[@]}"; do
                 # shellcheck disable=SC2086 # an option set
                 /tmp/hot_copy $HOT $args | tee -a "$OUT/probe.txt"
             done
             python3 bench/probe/first_read.py /dev/shm | tee -a "$OUT/probe.txt"
+            python3 bench/probe/alloc.py | tee -a "$OUT/probe.txt"
             for q in /sys/block/*/queue; do
                 echo "$q: $(for f in max_sectors_kb max_hw_sectors_kb nr_requests read_ahead_kb scheduler; do
                     printf '%s=%s ' $f "$(cat $q/$f)"; done) queues=$(ls "${q%/queue}/mq" 2>/dev/null | wc -l)" | tee -a "$OUT/probe.txt"
