@@ -4,6 +4,13 @@
 /// how much of it is in this process's page tables (the kernel may have
 /// merged the mapping with a neighbour of the same kind).
 pub(crate) fn resident_kib(at: usize) -> u64 {
+    let rss = smaps_field(at, "Rss:");
+    rss.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// What follows `field` (e.g. `"VmFlags:"`) in the /proc/self/smaps entry
+/// of the mapping that holds address `at`.
+pub(crate) fn smaps_field(at: usize, field: &str) -> String {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let holds = |line: &str| {
         let range = line.split_whitespace().next().unwrap_or("");
@@ -20,6 +27,8 @@ pub(crate) fn resident_kib(at: usize) -> u64 {
     };
     let mut lines = smaps.lines().skip_while(|l| !holds(l));
     assert!(lines.next().is_some(), "no mapping holds {at:x}");
-    let rss = lines.find(|l| l.starts_with("Rss:")).unwrap();
-    rss.split_whitespace().nth(1).unwrap().parse().unwrap()
+    let line = lines
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("no {field} in the smaps entry of {at:x}"));
+    line[field.len()..].trim().to_string()
 }

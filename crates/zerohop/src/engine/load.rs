@@ -55,7 +55,9 @@ impl Engine {
                 // bypasses: hot files are copied out of their mapping. That
                 // also spares a restore of a just-written checkpoint the
                 // slow first read() of new tmpfs pages (about 1.5 x slower
-                // than through a mapping, measured on the build machine).
+                // than through a mapping, measured on the build machine;
+                // the mapping's sequential advice avoids the rest, see
+                // `GuardedMapping::new`).
                 _ if check.is_some() => FileRoute::Fixed(Route::MappedCopy),
                 r => r,
             })

@@ -248,7 +248,7 @@ pub fn page_cache_residency(file: &File, len: u64) -> io::Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::resident_kib;
+    use crate::test_support::{resident_kib, smaps_field};
     use std::io::Write;
 
     /// Sampling sees a file half dropped from the page cache as about half
@@ -304,6 +304,22 @@ mod tests {
         assert!(
             resident <= 16,
             "{resident} KiB of the mapping still in our page tables"
+        );
+    }
+
+    /// Mappings the CPU copies from carry the sequential-read advice
+    /// (`sr` in smaps), which spares first reads the LRU activation.
+    #[test]
+    fn guarded_mappings_are_advised_sequential() {
+        let path = std::env::temp_dir().join(format!("zerohop-advised-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 3 << 20]).unwrap();
+        let f = File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let map = GuardedMapping::new(&f, 3 << 20).unwrap();
+        let flags = smaps_field(map.range(0, 0).0 as usize, "VmFlags:");
+        assert!(
+            flags.split_whitespace().any(|f| f == "sr"),
+            "VmFlags: {flags}"
         );
     }
 }
