@@ -165,8 +165,10 @@ impl Event {
 
     /// Whether the recorded work has completed, without waiting.
     pub fn query(&self) -> Result<bool> {
-        // SAFETY: `raw` is a live event; the call names its own context, so
-        // none need be current.
+        // SAFETY: `raw` is a live event; the call only reads its state.
+        // (Unlike the other calls here it does not bind the context first:
+        // it is made in a polling loop, always by the thread that recorded
+        // the event, whose context is current.)
         match unsafe { sys::cuEventQuery(self.raw) } {
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             status => check(status, "cuEventQuery").map(|()| true),

@@ -292,10 +292,11 @@ struct CudaFence {
 
 /// How long a fence's waiter polls before it sleeps. A worker waits for its
 /// own slot's copy, usually well under a millisecond; a sleeping waiter is
-/// woken tens of microseconds late, on a cold core. Polling cut that loss
-/// on the reference machine: 51.9 - 52.8 GB/s against 49.8 - 51.5 with
-/// blocking waits (bench/probe/hot_copy.cu, bench/results/
-/// 2026-12-01-h200-session10).
+/// woken tens of microseconds late, on a cold core. In a bare probe of the
+/// mapped route on the reference machine, polling ran at 51.9 - 52.8 GB/s
+/// against 49.8 - 51.5 with blocking waits (bench/probe/hot_copy.cu,
+/// bench/results/2026-12-01-h200-session10); the engine's own gain was
+/// within the noise of its runs.
 const FENCE_POLL: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl Fence for CudaFence {
