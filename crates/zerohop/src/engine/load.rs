@@ -54,10 +54,8 @@ impl Engine {
                 // A check reads the bytes in staging, which page-cache DMA
                 // bypasses: hot files are copied out of their mapping. That
                 // also spares a restore of a just-written checkpoint the
-                // slow first read() of new tmpfs pages (about 1.5 x slower
-                // than through a mapping, measured on the build machine;
-                // the mapping's sequential advice avoids the rest, see
-                // `GuardedMapping::new`).
+                // slow first read() of new tmpfs pages, which the mapping's
+                // sequential advice avoids (see `GuardedMapping::new`).
                 _ if check.is_some() => FileRoute::Fixed(Route::MappedCopy),
                 r => r,
             })
