@@ -116,14 +116,26 @@ def load_file(
     share blocks of up to 256 MiB (disjoint views of one allocation, freed
     when all of them are). `framework="np"` gives numpy arrays instead (host
     memory only; torch need not be installed), as
-    `safetensors.numpy.load_file` does."""
+    `safetensors.numpy.load_file` does. A name may be an object in an
+    S3-compatible store, `s3://bucket/key`, or stand for several:
+    `s3://bucket/dir/` (every .safetensors object there) or
+    `s3://bucket/dir/*.safetensors`; the AWS_* settings say where and who
+    (see the README)."""
     paths = [os.fspath(filename)] if isinstance(filename, (str, os.PathLike)) else [os.fspath(p) for p in filename]
+    if any(_is_object(p) for p in paths):
+        paths = _native.expand_names(paths)
     device = _buffers.device_name(device)
     _, tensors = _headers(paths)
     return _load(paths, tensors.values(), device, framework, progress)
 
 
-def _stamp(path: str) -> Tuple[int, int, int]:
+def _is_object(path: str) -> bool:
+    return path.startswith("s3://")
+
+
+def _stamp(path: str) -> Tuple[Any, ...]:
+    if _is_object(path):
+        return _native.object_stamp(path)
     st = os.stat(path)
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
@@ -133,7 +145,9 @@ class safe_open:
     `safetensors.safe_open` does: `keys()`, `metadata()`,
     `get_tensor(name)`, `get_slice(name)[rows, ...]`. Usable as a context
     manager. `framework="pt"` gives torch tensors, `framework="np"` numpy
-    arrays (host memory only)."""
+    arrays (host memory only). `filename` may be an object,
+    `s3://bucket/key`: then each read fetches only the bytes asked (ranged
+    requests)."""
 
     def __init__(self, filename: PathLike, framework: str = "pt", device: Any = "cpu"):
         if framework in ("torch", "pytorch"):

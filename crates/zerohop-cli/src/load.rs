@@ -12,7 +12,9 @@ use zerohop::{Engine, Error, Result, TransferStats};
 
 #[derive(Args, Debug)]
 pub struct LoadArgs {
-    /// Files to load: safetensors shards (by the .safetensors extension) or raw files.
+    /// Files to load: safetensors shards (by the .safetensors extension) or raw files,
+    /// local or in an object store: s3://bucket/key, or s3://bucket/prefix/ or
+    /// s3://bucket/dir/*.safetensors for every shard there (AWS_* settings: see README).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     #[command(flatten)]
@@ -42,20 +44,13 @@ struct LoadReport<'a> {
 
 /// Loads files as asked; returns the stats and what went where.
 fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize>, Vec<Placed>)> {
-    let total: u64 = args
-        .files
-        .iter()
-        .map(|p| {
-            std::fs::metadata(p)
-                .map(|m| m.len())
-                .map_err(|e| Error::io(p, "cannot stat", e))
-        })
-        .sum::<Result<u64>>()?;
+    let names = expand_names(&args.files)?;
+    let sources = zerohop_s3::open_sources(&names)?;
+    let total: u64 = sources.iter().map(|s| s.len()).sum();
     let bar = bytes_bar("loading", total, args.json);
     let progress = |n| bar.inc(n);
     let is_safetensors = !args.raw
-        && args
-            .files
+        && names
             .iter()
             .all(|p| p.extension().is_some_and(|e| e == "safetensors"));
     let result = if is_safetensors {
@@ -64,12 +59,12 @@ fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize
         } else {
             Allocation::PerFile
         };
-        safetensors::load_safetensors(engine, &args.files, alloc, Some(&progress)).map(|m| {
+        safetensors::load_safetensors_sources(engine, &sources, alloc, Some(&progress)).map(|m| {
             let placed = m
                 .tensors
                 .iter()
                 .map(|t| Placed {
-                    path: args.files[t.file].clone(),
+                    path: names[t.file].clone(),
                     file_offset: t.file_offset,
                     buffer: t.buffer.clone(),
                 })
@@ -78,11 +73,11 @@ fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize
         })
     } else {
         engine
-            .load_files(&args.files, Some(&progress))
+            .load_sources(&sources, Some(&progress))
             .map(|(bufs, stats)| {
                 let placed = bufs
                     .into_iter()
-                    .zip(&args.files)
+                    .zip(&names)
                     .map(|(buffer, p)| Placed {
                         path: p.clone(),
                         file_offset: 0,
@@ -94,6 +89,23 @@ fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize
     };
     bar.finish_and_clear();
     result
+}
+
+/// The names to load: object store prefixes and patterns expanded to
+/// every object they name (safetensors shards), other names as given.
+fn expand_names(files: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let remote = |p: &PathBuf| p.to_str().is_some_and(zerohop_s3::is_s3_url);
+    if !files.iter().any(remote) {
+        return Ok(files.to_vec());
+    }
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    Ok(zerohop_s3::expand(&names, ".safetensors")?
+        .into_iter()
+        .map(PathBuf::from)
+        .collect())
 }
 
 pub fn run(args: &LoadArgs) -> Result<()> {

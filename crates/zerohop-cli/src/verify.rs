@@ -1,10 +1,10 @@
-//! Comparing what a transfer placed in device memory with the files the
-//! bytes came from (`load --verify`, `checkpoint restore --against`).
+//! Comparing what a transfer placed in device memory with the files (or
+//! objects) the bytes came from (`load --verify`, `checkpoint restore --against`).
 
 use crate::progress::bytes_bar;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use zerohop::{DeviceBuffer, Engine, Error, Result};
+use zerohop::storage::SourceFile;
+use zerohop::{DeviceBuffer, Engine, Result};
 
 /// Destination ranges and where their bytes come from, for `--verify`.
 pub(crate) struct Placed {
@@ -22,12 +22,11 @@ pub fn compare_with_files(engine: &Engine, placed: &[Placed], quiet: bool) -> Re
     let bar = bytes_bar("verifying", total, quiet);
     let mut dev = vec![0u8; CHUNK];
     let mut host = vec![0u8; CHUNK];
-    let mut open: Option<(PathBuf, std::fs::File)> = None;
+    let mut open: Option<(PathBuf, SourceFile)> = None;
     for p in placed {
         if open.as_ref().is_none_or(|(path, _)| *path != p.path) {
-            let f =
-                std::fs::File::open(&p.path).map_err(|e| Error::io(&p.path, "cannot open", e))?;
-            open = Some((p.path.clone(), f));
+            let mut f = zerohop_s3::open_sources(std::slice::from_ref(&p.path))?;
+            open = Some((p.path.clone(), f.remove(0)));
         }
         let file = &open.as_ref().expect("opened above").1;
         let mut off = 0;
@@ -35,8 +34,7 @@ pub fn compare_with_files(engine: &Engine, placed: &[Placed], quiet: bool) -> Re
             let n = CHUNK.min(p.buffer.len() - off);
             engine.device().read_back(&p.buffer, off, &mut dev[..n])?;
             let at = p.file_offset + off as u64;
-            file.read_exact_at(&mut host[..n], at)
-                .map_err(|e| Error::io(&p.path, "cannot read", e))?;
+            file.read_exact_at(&mut host[..n], at)?;
             if let Some(i) = (0..n).find(|&i| dev[i] != host[i]) {
                 bar.finish_and_clear();
                 eprintln!(

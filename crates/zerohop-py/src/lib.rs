@@ -29,6 +29,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfers::info, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::read, m)?)?;
+    m.add_function(wrap_pyfunction!(transfers::expand_names, m)?)?;
+    m.add_function(wrap_pyfunction!(transfers::object_stamp, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::write, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_save, m)?)?;

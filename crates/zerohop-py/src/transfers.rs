@@ -32,7 +32,9 @@ pub fn info(py: Python<'_>, path: Option<PathBuf>) -> PyResult<String> {
 #[pyfunction]
 pub fn safetensors_header(py: Python<'_>, path: PathBuf) -> PyResult<HeaderInfo> {
     let header = py
-        .detach(|| SourceFile::open(&path).and_then(|f| read_header(&f)))
+        .detach(|| {
+            zerohop_s3::open_sources(std::slice::from_ref(&path)).and_then(|f| read_header(&f[0]))
+        })
         .map_err(to_py)?;
     let tensors = header
         .tensors
@@ -49,6 +51,21 @@ pub fn safetensors_header(py: Python<'_>, path: PathBuf) -> PyResult<HeaderInfo>
         .collect();
     let metadata = Some(header.metadata).filter(|m| !m.is_empty());
     Ok((metadata, tensors))
+}
+
+/// `names` with each object store prefix (`s3://bucket/dir/`) or pattern
+/// (`s3://bucket/dir/*.safetensors`) replaced by the objects it names.
+#[pyfunction]
+pub fn expand_names(py: Python<'_>, names: Vec<String>) -> PyResult<Vec<String>> {
+    py.detach(|| zerohop_s3::expand(&names, ".safetensors"))
+        .map_err(to_py)
+}
+
+/// An object's (length, ETag): what tells that it was replaced.
+#[pyfunction]
+pub fn object_stamp(py: Python<'_>, url: String) -> PyResult<(u64, String)> {
+    let info = py.detach(|| zerohop_s3::head(&url)).map_err(to_py)?;
+    Ok((info.len, info.etag))
 }
 
 /// Reads `pieces`, each (file index, file offset, bytes, address), from
@@ -68,7 +85,7 @@ pub fn read(
     let total = pieces.iter().map(|p| p.2).sum();
     let reporter = Reporter::new(progress.as_ref(), "loading", total)?;
     let stats = py.detach(|| {
-        let files = Engine::open_files(&paths)?;
+        let files = zerohop_s3::open_sources(&paths)?;
         if let Some(p) = pieces.iter().find(|p| p.0 >= files.len()) {
             return Err(Error::invalid(format!("file index {} out of range", p.0)));
         }

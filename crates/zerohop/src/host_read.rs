@@ -67,7 +67,7 @@ pub(crate) fn read_to_host(
         .collect();
     let count = chunks.len();
     let queue = Mutex::new(chunks.into_iter());
-    let totals = Mutex::new((0u64, 0u64)); // direct, buffered
+    let totals = Mutex::new((0u64, 0u64, 0u64)); // direct, buffered, remote
     std::thread::scope(|s| -> Result<()> {
         let workers: Vec<_> = (0..threads.clamp(1, count.max(1)))
             .map(|_| {
@@ -85,9 +85,11 @@ pub(crate) fn read_to_host(
                         } else {
                             IoMode::Buffered
                         };
-                        let got = reader.read_at(file, mode, at, buf).map_err(|e| {
-                            Error::io(file.path(), &format!("read at offset {at} failed in"), e)
-                        })?;
+                        let got = file
+                            .read_block(reader.as_mut(), mode, at, buf)
+                            .map_err(|e| {
+                                Error::io(file.path(), &format!("read at offset {at} failed in"), e)
+                            })?;
                         if got < buf.len() {
                             // Say how the file changed, where it did.
                             file.check_unchanged()?;
@@ -102,6 +104,7 @@ pub(crate) fn read_to_host(
                         }
                         let mut t = totals.lock().unwrap();
                         match mode {
+                            _ if file.local_fds().is_none() => t.2 += got as u64,
                             IoMode::Direct => t.0 += got as u64,
                             IoMode::Buffered => t.1 += got as u64,
                         }
@@ -116,13 +119,14 @@ pub(crate) fn read_to_host(
     })?;
     // A file rewritten or grown meanwhile gave mixed bytes: say so.
     files.values().try_for_each(|f| f.check_unchanged())?;
-    let (direct_bytes, buffered_bytes) = totals.into_inner().unwrap();
+    let (direct_bytes, buffered_bytes, remote_bytes) = totals.into_inner().unwrap();
     let mut stats = TransferStats {
         device: "host memory (caller's buffer)".into(),
         bytes: len,
         backend: backend.name().to_string(),
         direct_bytes,
         buffered_bytes,
+        remote_bytes,
         io_threads: threads.clamp(1, count.max(1)),
         files: file_count,
         windows: count,

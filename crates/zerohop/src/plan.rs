@@ -4,10 +4,9 @@
 //! device memory, and orders the windows into the pipelines' work.
 
 use crate::device::{DeviceAddr, DeviceBuffer};
-use crate::storage::{FilePair, IoMode, DIRECT_ALIGN};
+use crate::storage::{IoMode, SizedFile, DIRECT_ALIGN};
 use crate::{Error, Result};
 use std::collections::HashMap;
-use std::ops::Deref;
 
 /// `len` bytes at `file_offset` of file number `file` and the device range
 /// at `dst`: its destination on a load, its source on a save.
@@ -69,7 +68,7 @@ impl TransferPlan {
     /// Adds `len` bytes of `files[file]` at `file_offset` and `dst` at
     /// `dst_offset` (loads copy the first into the second, saves the other
     /// way), checking both ranges.
-    pub fn add<F: Deref<Target = FilePair>>(
+    pub fn add<F: SizedFile>(
         &mut self,
         files: &[F],
         file: usize,

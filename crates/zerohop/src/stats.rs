@@ -36,6 +36,9 @@ pub struct TransferStats {
     /// Saves: seconds spent making files and directories durable (fsync),
     /// included in `seconds`.
     pub sync_seconds: f64,
+    /// Bytes read from remote objects (ranged requests to an object store)
+    /// into staging slots, or for host reads into the destination.
+    pub remote_bytes: u64,
     /// Bytes the CPU copied out of file mappings (of page-cache pages) into
     /// staging slots.
     pub mapped_bytes: u64,
@@ -152,6 +155,12 @@ impl TransferStats {
             parts.push(format!(
                 "staged ({} buffered -> {})",
                 self.backend,
+                self.staging_words(false)
+            ));
+        }
+        if self.remote_bytes > 0 {
+            parts.push(format!(
+                "staged (ranged object reads -> {})",
                 self.staging_words(false)
             ));
         }

@@ -85,8 +85,8 @@ pub(super) fn raw_read(
                     while let Some(&(i, at)) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) {
                         let f = &files[i];
                         let want = (f.len() - at).min(step) as usize;
-                        let got = reader
-                            .read_at(f, mode, at, &mut buf.as_mut_slice()[..want.next_multiple_of(direct_unit(mode))])
+                        let got = f
+                            .read_block(reader.as_mut(), mode, at, &mut buf.as_mut_slice()[..want.next_multiple_of(direct_unit(mode))])
                             .map_err(|e| Error::io(paths[i], "read failed in", e))?;
                         if got < want {
                             return Err(Error::invalid(format!(

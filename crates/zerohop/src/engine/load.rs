@@ -84,6 +84,7 @@ impl Engine {
             backend: self.backend.name().to_string(),
             direct_bytes: done.moved.direct,
             buffered_bytes: done.moved.buffered,
+            remote_bytes: done.moved.remote,
             mapped_bytes: done.moved.mapped,
             page_cache_dma_bytes: done.moved.page_cache_dma,
             staging_bytes: pool.bytes(),
@@ -98,6 +99,7 @@ impl Engine {
         debug_assert_eq!(
             stats.direct_bytes
                 + stats.buffered_bytes
+                + stats.remote_bytes
                 + stats.mapped_bytes
                 + stats.page_cache_dma_bytes,
             plan.bytes()

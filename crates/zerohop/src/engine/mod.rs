@@ -132,15 +132,24 @@ impl Engine {
         paths: &[P],
         progress: Option<Progress<'_>>,
     ) -> Result<(Vec<DeviceBuffer>, TransferStats)> {
-        let files = Self::open_files(paths)?;
+        self.load_sources(&Self::open_files(paths)?, progress)
+    }
+
+    /// As [`Engine::load_files`], from sources already opened (local files
+    /// or remote objects).
+    pub fn load_sources(
+        &self,
+        files: &[SourceFile],
+        progress: Option<Progress<'_>>,
+    ) -> Result<(Vec<DeviceBuffer>, TransferStats)> {
         let mut plan = TransferPlan::new();
         let mut buffers = Vec::with_capacity(files.len());
         for (i, f) in files.iter().enumerate() {
             let buf = self.device.alloc(f.len() as usize)?;
-            plan.add(&files, i, 0, f.len(), &buf, 0)?;
+            plan.add(files, i, 0, f.len(), &buf, 0)?;
             buffers.push(buf);
         }
-        let stats = self.transfer(&files, &plan, progress)?;
+        let stats = self.transfer(files, &plan, progress)?;
         Ok((buffers, stats))
     }
 

@@ -36,7 +36,12 @@ pub(super) fn map_files(
             if !r.maps_file() || f.is_empty() || !used {
                 return None;
             }
-            GuardedMapping::new(f.fd_for(IoMode::Buffered), f.len())
+            let Some(fds) = f.local_fds() else {
+                // A remote object has no mapping.
+                *r = STAGED;
+                return None;
+            };
+            GuardedMapping::new(fds.fd_for(IoMode::Buffered), f.len())
                 .map_err(|e| {
                     notes.push(format!(
                         "{}: cannot map the file ({e}); read into staging slots instead",

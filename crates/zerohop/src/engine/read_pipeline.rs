@@ -26,6 +26,7 @@ use std::time::Instant;
 pub(super) struct Moved {
     pub direct: u64,
     pub buffered: u64,
+    pub remote: u64,
     pub mapped: u64,
     pub page_cache_dma: u64,
     pub profile: WorkerProfile,
@@ -35,6 +36,7 @@ impl Moved {
     pub fn add(&mut self, o: Moved) {
         self.direct += o.direct;
         self.buffered += o.buffered;
+        self.remote += o.remote;
         self.mapped += o.mapped;
         self.page_cache_dma += o.page_cache_dma;
         self.profile.add(o.profile);
@@ -306,6 +308,7 @@ fn stage(
     let fence = unsafe { queue_copies(w.queue.as_ref(), base, &win.copies, &mut moved.profile)? };
     pending.push_back((fence, Held::Slot(slot)));
     match used {
+        Some(_) if file.local_fds().is_none() => moved.remote += win.payload(),
         Some(IoMode::Direct) => moved.direct += win.payload(),
         Some(IoMode::Buffered) => moved.buffered += win.payload(),
         None => moved.mapped += win.payload(),
@@ -371,7 +374,7 @@ fn read_window(
         IoMode::Buffered
     };
     let got = loop {
-        match reader.read_at(file, mode, win.start, buf) {
+        match file.read_block(reader.as_mut(), mode, win.start, buf) {
             Ok(n) => break n,
             Err(e)
                 if mode == IoMode::Direct

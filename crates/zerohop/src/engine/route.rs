@@ -49,7 +49,11 @@ impl Engine {
     /// The route for a file: for files in the page cache, per `hot_route`
     /// (`MeasuredHot` where it is to be measured); else staged reads,
     /// O_DIRECT per `direct_io`. Page-cache DMA is forced on every file.
+    /// Remote objects are always read into staging slots.
     pub(super) fn route_for(&self, f: &SourceFile) -> FileRoute {
+        if f.local_fds().is_none() {
+            return FileRoute::Fixed(STAGED);
+        }
         let hot = self.is_hot(f);
         match self.config.hot_route {
             HotRoute::PageCacheDma if self.dma_copies => {

@@ -3,6 +3,7 @@ use crate::device::DeviceBuffer;
 use crate::engine::Engine;
 use crate::plan::TransferPlan;
 use crate::stats::TransferStats;
+use crate::storage::SourceFile;
 use crate::Progress;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashSet};
@@ -57,10 +58,20 @@ pub fn load_safetensors<P: AsRef<Path>>(
     allocation: Allocation,
     progress: Option<Progress<'_>>,
 ) -> Result<LoadedModel> {
-    let files = Engine::open_files(paths)?;
+    load_safetensors_sources(engine, &Engine::open_files(paths)?, allocation, progress)
+}
+
+/// As [`load_safetensors`], from shards already opened (local files or
+/// remote objects).
+pub fn load_safetensors_sources(
+    engine: &Engine,
+    files: &[SourceFile],
+    allocation: Allocation,
+    progress: Option<Progress<'_>>,
+) -> Result<LoadedModel> {
     let headers: Vec<Header> = files.iter().map(read_header).collect::<Result<_>>()?;
     let mut seen = HashSet::new();
-    for (h, f) in headers.iter().zip(&files) {
+    for (h, f) in headers.iter().zip(files) {
         if let Some(t) = h.tensors.iter().find(|t| !seen.insert(t.name.as_str())) {
             return Err(Error::format(format!(
                 "tensor {:?} appears in more than one shard (again in {})",
@@ -83,7 +94,7 @@ pub fn load_safetensors<P: AsRef<Path>>(
                 Some(b) => b.slice(t.begin as usize, t.len() as usize)?,
                 None => device.alloc(t.len() as usize)?,
             };
-            plan.add(&files, i, file_offset, t.len(), &buffer, 0)?;
+            plan.add(files, i, file_offset, t.len(), &buffer, 0)?;
             tensors.push(LoadedTensor {
                 name: t.name.clone(),
                 dtype: t.dtype,
@@ -94,7 +105,7 @@ pub fn load_safetensors<P: AsRef<Path>>(
             });
         }
     }
-    let stats = engine.transfer(&files, &plan, progress)?;
+    let stats = engine.transfer(files, &plan, progress)?;
     Ok(LoadedModel {
         tensors,
         metadata: headers.into_iter().map(|h| h.metadata).collect(),

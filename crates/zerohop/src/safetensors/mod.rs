@@ -11,6 +11,6 @@ mod synth;
 pub use header::{
     parse_header, read_header, serialize_header, Dtype, Header, TensorInfo, MAX_HEADER_BYTES,
 };
-pub use load::{load_safetensors, Allocation, LoadedModel, LoadedTensor};
+pub use load::{load_safetensors, load_safetensors_sources, Allocation, LoadedModel, LoadedTensor};
 pub use save::{layout, save_safetensors, FileLayout, TensorToSave};
 pub use synth::{fill_random, transformer_shapes, write_synthetic, SyntheticTensor};

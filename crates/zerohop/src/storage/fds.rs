@@ -231,7 +231,7 @@ mod tests {
         let direct = reopen_direct(&passed);
         let file = SourceFile::from_descriptors(passed, direct, Path::new("label")).unwrap();
         for mode in [IoMode::Buffered, IoMode::Direct] {
-            let fd = file.fd_for(mode);
+            let fd = file.local_fds().unwrap().fd_for(mode);
             assert!(!flags(fd).contains(OFlags::NONBLOCK), "{mode:?}");
             assert_eq!(flags(fd) & OFlags::ACCMODE, OFlags::RDONLY, "{mode:?}");
             assert_eq!(identity(fd), identity(&client), "{mode:?}");
@@ -246,10 +246,13 @@ mod tests {
         }
         for backend in backends {
             let mut got = vec![0u8; data.len()];
-            let n = backend
-                .reader()
-                .unwrap()
-                .read_at(&file, IoMode::Buffered, 0, &mut got)
+            let n = file
+                .read_block(
+                    backend.reader().unwrap().as_mut(),
+                    IoMode::Buffered,
+                    0,
+                    &mut got,
+                )
                 .unwrap();
             assert!(n == data.len() && got == data, "{}", backend.name());
         }

@@ -1,10 +1,10 @@
 use super::fds::{blocking, open_regular, Access};
 use super::stamp::FileStamp;
-use super::FilePair;
+use super::{BlockReader, FilePair};
 use crate::{Error, ErrorKind, Result};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// How a file's bytes are read or written: through the page cache or with
 /// O_DIRECT (a storage mode that both staged routes and saves use).
@@ -17,21 +17,37 @@ pub enum IoMode {
     Direct,
 }
 
-/// A source file opened for reading, with an O_DIRECT descriptor when the
-/// file system accepts one.
-#[derive(Debug)]
-pub struct SourceFile {
-    fds: FilePair,
-    /// What the file looked like when opened: a read that sees it change
-    /// reports how.
-    opened: FileStamp,
+/// Bytes that live away from this machine (an object in an object store),
+/// read by range. Implemented outside the engine (`zerohop-s3`): the engine
+/// reads a [`SourceFile`] made with [`SourceFile::remote`] as it reads a
+/// local one, into its staging slots.
+pub trait RemoteObject: Send + Sync + std::fmt::Debug {
+    /// Fills `buf` from `offset`, stopping early only at the object's end;
+    /// returns the number of bytes read. Fails, saying so, where the object
+    /// is no longer the one opened (replaced meanwhile): never mixed bytes.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize>;
 }
 
-impl std::ops::Deref for SourceFile {
-    type Target = FilePair;
-    fn deref(&self) -> &FilePair {
-        &self.fds
-    }
+/// A source opened for reading: a local file (with an O_DIRECT descriptor
+/// when the file system accepts one) or a remote object.
+#[derive(Debug)]
+pub struct SourceFile {
+    origin: Origin,
+}
+
+#[derive(Debug)]
+enum Origin {
+    Local {
+        fds: FilePair,
+        /// What the file looked like when opened: a read that sees it
+        /// change reports how.
+        opened: FileStamp,
+    },
+    Remote {
+        label: PathBuf,
+        len: u64,
+        object: Box<dyn RemoteObject>,
+    },
 }
 
 impl SourceFile {
@@ -44,7 +60,7 @@ impl SourceFile {
         // may name something else by now). tmpfs and some FUSE file systems
         // refuse O_DIRECT (EINVAL): then only buffered reads are possible.
         let direct = super::reopen_direct(&buffered);
-        Ok(Self::new(path, buffered, direct, opened))
+        Ok(Self::local(path, buffered, direct, opened))
     }
 
     /// Reads through descriptors someone else opened (the agent's clients
@@ -56,22 +72,95 @@ impl SourceFile {
         let opened = FileStamp::of(&buffered, label)?;
         let buffered = blocking(buffered, label)?;
         let direct = direct.map(|d| blocking(d, label)).transpose()?;
-        Ok(Self::new(label, buffered, direct, opened))
+        Ok(Self::local(label, buffered, direct, opened))
     }
 
-    fn new(label: &Path, buffered: File, direct: Option<File>, opened: FileStamp) -> Self {
+    /// A remote object of `len` bytes, named `label` in errors and stats
+    /// (its URL, say).
+    pub fn remote(label: impl Into<PathBuf>, len: u64, object: Box<dyn RemoteObject>) -> Self {
         SourceFile {
-            fds: FilePair::new(label, buffered, direct, opened.len),
-            opened,
+            origin: Origin::Remote {
+                label: label.into(),
+                len,
+                object,
+            },
+        }
+    }
+
+    fn local(label: &Path, buffered: File, direct: Option<File>, opened: FileStamp) -> Self {
+        SourceFile {
+            origin: Origin::Local {
+                fds: FilePair::new(label, buffered, direct, opened.len),
+                opened,
+            },
+        }
+    }
+
+    /// The file's descriptors; `None` for a remote object.
+    pub fn local_fds(&self) -> Option<&FilePair> {
+        match &self.origin {
+            Origin::Local { fds, .. } => Some(fds),
+            Origin::Remote { .. } => None,
+        }
+    }
+
+    /// Its path, or a remote object's label.
+    pub fn path(&self) -> &Path {
+        match &self.origin {
+            Origin::Local { fds, .. } => fds.path(),
+            Origin::Remote { label, .. } => label,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        match &self.origin {
+            Origin::Local { fds, .. } => fds.len(),
+            Origin::Remote { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether O_DIRECT is possible (never for a remote object).
+    pub fn direct_capable(&self) -> bool {
+        self.local_fds().is_some_and(FilePair::direct_capable)
+    }
+
+    /// Remembers that O_DIRECT fails here, so later reads go buffered.
+    pub fn refuse_direct(&self) {
+        if let Some(fds) = self.local_fds() {
+            fds.refuse_direct();
+        }
+    }
+
+    /// Fills `buf` from `offset`, stopping early only at the end: a local
+    /// file through `reader` (a worker's, of the engine's backend), a remote
+    /// object by its own ranged reads. Returns the number of bytes read.
+    pub fn read_block(
+        &self,
+        reader: &mut dyn BlockReader,
+        mode: IoMode,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> std::io::Result<usize> {
+        match &self.origin {
+            Origin::Local { fds, .. } => reader.read_at(fds, mode, offset, buf),
+            Origin::Remote { object, .. } => object.read_at(offset, buf),
         }
     }
 
     /// An error saying how the file changed since it was opened (its size,
     /// its modification time or its status change time), if it did. Best
-    /// effort: see [`FileStamp::changed_since`].
+    /// effort: see [`FileStamp::changed_since`]. A remote object checks
+    /// itself on every read.
     pub fn check_unchanged(&self) -> Result<()> {
-        let now = FileStamp::of(self.fd_for(IoMode::Buffered), self.path())?;
-        match now.changed_since(&self.opened) {
+        let Origin::Local { fds, opened } = &self.origin else {
+            return Ok(());
+        };
+        let now = FileStamp::of(fds.fd_for(IoMode::Buffered), self.path())?;
+        match now.changed_since(opened) {
             None => Ok(()),
             Some(what) => Err(Error::new(
                 ErrorKind::Io,
@@ -80,21 +169,30 @@ impl SourceFile {
         }
     }
 
-    /// Reads at `offset` through the page cache, for header parsing.
+    /// Reads `buf.len()` bytes at `offset` (through the page cache), for
+    /// header parsing.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.fd_for(IoMode::Buffered)
-            .read_exact_at(buf, offset)
-            .map_err(|e| {
-                Error::io(
-                    self.path(),
-                    &format!("cannot read {} bytes at {offset} of", buf.len()),
-                    e,
-                )
-            })
+        let read = match &self.origin {
+            Origin::Local { fds, .. } => fds.fd_for(IoMode::Buffered).read_exact_at(buf, offset),
+            Origin::Remote { object, .. } => match object.read_at(offset, buf) {
+                Ok(n) if n < buf.len() => Err(std::io::ErrorKind::UnexpectedEof.into()),
+                other => other.map(drop),
+            },
+        };
+        read.map_err(|e| {
+            Error::io(
+                self.path(),
+                &format!("cannot read {} bytes at {offset} of", buf.len()),
+                e,
+            )
+        })
     }
 
-    /// Fraction of the file's pages resident in the page cache (0.0 to 1.0).
+    /// Fraction of the file's pages resident in the page cache (0.0 to 1.0;
+    /// 0.0 for a remote object).
     pub fn resident_fraction(&self) -> f64 {
-        super::page_cache_residency(self.fd_for(IoMode::Buffered), self.len()).unwrap_or(0.0)
+        self.local_fds().map_or(0.0, |fds| {
+            super::page_cache_residency(fds.fd_for(IoMode::Buffered), fds.len()).unwrap_or(0.0)
+        })
     }
 }

@@ -15,7 +15,7 @@ mod uring;
 
 pub use fds::{blocking, regular_file_len, reopen_direct, FilePair};
 pub(crate) use fds::{open_regular, Access};
-pub use file::{IoMode, SourceFile};
+pub use file::{IoMode, RemoteObject, SourceFile};
 pub use mapping::{page_cache_residency, FileMapping, GuardedMapping};
 pub use psync::PreadBackend;
 pub use sink::{sync_dir, write_mode, PwriteBackend, SinkFile, WriteBackend};
@@ -23,6 +23,31 @@ pub use uring::{UringBackend, DEFAULT_SEGMENT as DEFAULT_READ_REQUEST};
 
 use std::io;
 use std::sync::Arc;
+
+/// A file of known length, named in errors: what a plan's extents refer to
+/// (sources of loads, sinks of saves).
+pub trait SizedFile {
+    fn path(&self) -> &std::path::Path;
+    fn len(&self) -> u64;
+}
+
+impl SizedFile for SourceFile {
+    fn path(&self) -> &std::path::Path {
+        SourceFile::path(self)
+    }
+    fn len(&self) -> u64 {
+        SourceFile::len(self)
+    }
+}
+
+impl SizedFile for SinkFile {
+    fn path(&self) -> &std::path::Path {
+        FilePair::path(self)
+    }
+    fn len(&self) -> u64 {
+        FilePair::len(self)
+    }
+}
 
 /// Alignment used for O_DIRECT offsets, lengths and buffers. 4 KiB satisfies
 /// every common logical block size (512 B and 4 KiB).
@@ -44,14 +69,14 @@ pub trait ReadBackend: Send + Sync {
     fn reader(&self) -> io::Result<Box<dyn BlockReader>>;
 }
 
-/// One worker's reader.
+/// One worker's reader of local files (see [`SourceFile::read_block`]).
 pub trait BlockReader: Send {
     /// Fills `buf` from `offset`, stopping early only at end of file.
     /// Returns the number of bytes read. With `IoMode::Direct`, `offset`,
     /// `buf.len()` and the buffer address are multiples of [`DIRECT_ALIGN`].
     fn read_at(
         &mut self,
-        file: &SourceFile,
+        file: &FilePair,
         mode: IoMode,
         offset: u64,
         buf: &mut [u8],

@@ -1,4 +1,4 @@
-use super::{BlockReader, IoMode, ReadBackend, SourceFile};
+use super::{BlockReader, FilePair, IoMode, ReadBackend};
 use std::io;
 use std::os::unix::fs::FileExt;
 
@@ -18,7 +18,7 @@ impl ReadBackend for PreadBackend {
 impl BlockReader for PreadBackend {
     fn read_at(
         &mut self,
-        file: &SourceFile,
+        file: &FilePair,
         mode: IoMode,
         offset: u64,
         buf: &mut [u8],

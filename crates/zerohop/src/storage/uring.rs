@@ -1,4 +1,4 @@
-use super::{BlockReader, IoMode, ReadBackend, SourceFile};
+use super::{BlockReader, FilePair, IoMode, ReadBackend};
 use io_uring::{opcode, types, IoUring};
 use rustix::io::Errno;
 use std::io;
@@ -69,7 +69,7 @@ impl Segment {
 impl BlockReader for UringReader {
     fn read_at(
         &mut self,
-        file: &SourceFile,
+        file: &FilePair,
         mode: IoMode,
         offset: u64,
         buf: &mut [u8],

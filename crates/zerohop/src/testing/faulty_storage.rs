@@ -1,7 +1,7 @@
 //! Storage backends that inject faults: failed and short reads, full disks,
 //! failed writes and `fsync`s.
 
-use crate::storage::{BlockReader, IoMode, ReadBackend, SinkFile, SourceFile, WriteBackend};
+use crate::storage::{BlockReader, FilePair, IoMode, ReadBackend, SinkFile, WriteBackend};
 use rustix::io::Errno;
 use std::io;
 use std::sync::Arc;
@@ -51,7 +51,7 @@ struct FaultyReader {
 impl BlockReader for FaultyReader {
     fn read_at(
         &mut self,
-        file: &SourceFile,
+        file: &FilePair,
         mode: IoMode,
         offset: u64,
         buf: &mut [u8],

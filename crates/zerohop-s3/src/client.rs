@@ -1,0 +1,409 @@
+//! Requests to one bucket: presigned (SigV4) URLs made by `rusty-s3`, sent
+//! by a blocking `ureq` agent whose connections the engine's workers share,
+//! each request tried again per the [`RetryPolicy`] where it failed for a
+//! passing reason.
+
+use crate::config::{AddressingStyle, S3Config};
+use crate::location::S3Url;
+use crate::retry::RetryPolicy;
+use rusty_s3::actions::{ListObjectsV2, S3Action};
+use rusty_s3::{Bucket, Credentials, UrlStyle};
+use std::io::Read;
+use std::time::Duration;
+use ureq::http::Response;
+use ureq::Body;
+use zerohop::{Error, ErrorKind, Result};
+
+/// How long a signed URL stays valid: one attempt's worth (each attempt
+/// signs anew).
+const SIGNATURE_LIFETIME: Duration = Duration::from_secs(15 * 60);
+/// Error bodies are read up to this size: they are short XML documents.
+const MAX_ERROR_BODY: u64 = 64 << 10;
+/// Listing pages are read up to this size (1,000 keys of up to 1 KiB).
+const MAX_LIST_BODY: u64 = 8 << 20;
+/// A listing stops with an error past this many objects.
+const MAX_LISTED: usize = 100_000;
+
+/// What a HEAD request tells about an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub len: u64,
+    /// As the server sent it, quotes included.
+    pub etag: String,
+}
+
+/// One object of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectEntry {
+    pub key: String,
+    pub len: u64,
+}
+
+/// A client of one bucket.
+pub struct S3Client {
+    bucket: Bucket,
+    name: String,
+    credentials: Option<Credentials>,
+    agent: ureq::Agent,
+    retry: RetryPolicy,
+    endpoint: String,
+}
+
+impl std::fmt::Debug for S3Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "S3Client(s3://{} at {})", self.name, self.endpoint)
+    }
+}
+
+/// Why an attempt failed: for a passing reason (tried again), or not.
+enum Failure {
+    Passing(String),
+    Final(Error),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Final(e)
+    }
+}
+
+impl S3Client {
+    /// A client of `bucket` per `config`. Makes no request.
+    pub fn new(config: &S3Config, bucket: &str) -> Result<Self> {
+        let endpoint: url::Url = config.endpoint.parse().map_err(|e| {
+            Error::with_source(
+                ErrorKind::InvalidInput,
+                format!("S3 endpoint {:?} is not a URL", config.endpoint),
+                e,
+            )
+        })?;
+        let style = match config.addressing {
+            AddressingStyle::Path => UrlStyle::Path,
+            AddressingStyle::VirtualHost => UrlStyle::VirtualHost,
+        };
+        let b = Bucket::new(endpoint, style, bucket.to_string(), config.region.clone()).map_err(
+            |e| {
+                Error::with_source(
+                    ErrorKind::InvalidInput,
+                    format!("cannot address bucket {bucket:?} at {}", config.endpoint),
+                    e,
+                )
+            },
+        )?;
+        let credentials = config
+            .credentials
+            .as_ref()
+            .map(|(id, secret, token)| match token {
+                Some(t) => Credentials::new_with_token(id, secret, t),
+                None => Credentials::new(id, secret),
+            });
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            // Statuses are read here: an S3 error's code is in its body.
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .timeout_recv_response(Some(Duration::from_secs(60)))
+            .timeout_recv_body(Some(Duration::from_secs(300)))
+            .max_idle_connections_per_host(64)
+            .build()
+            .into();
+        Ok(S3Client {
+            bucket: b,
+            name: bucket.to_string(),
+            credentials,
+            agent,
+            retry: config.retry,
+            endpoint: config.endpoint.clone(),
+        })
+    }
+
+    fn url(&self, key: &str) -> S3Url {
+        S3Url {
+            bucket: self.name.clone(),
+            key: key.to_string(),
+        }
+    }
+
+    /// The object's length and ETag.
+    pub fn head(&self, key: &str) -> Result<ObjectInfo> {
+        let what = self.url(key);
+        let found = self.with_retries(&what, || {
+            let url = self
+                .bucket
+                .head_object(self.credentials.as_ref(), key)
+                .sign(SIGNATURE_LIFETIME);
+            let resp = self.classify(&what, self.agent.head(url.as_str()).call())?;
+            let len = header(&resp, "content-length")
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| Error::new(ErrorKind::Io, format!("{what}: no Content-Length")))?;
+            let etag = header(&resp, "etag")
+                .ok_or_else(|| Error::new(ErrorKind::Io, format!("{what}: no ETag")))?;
+            Ok(ObjectInfo {
+                len,
+                etag: etag.to_string(),
+            })
+        });
+        match found {
+            // A HEAD's 404 has no body to tell a missing bucket from a
+            // missing key: ask.
+            Err(e) if e.kind() == ErrorKind::NotFound => match self.list_page("", None, 1) {
+                Err(b) if b.kind() == ErrorKind::NotFound => Err(b),
+                _ => Err(e),
+            },
+            other => other,
+        }
+    }
+
+    /// Reads `buf.len()` bytes of `key` from `offset` (fewer only where the
+    /// object ends first: `len` is its length) into `buf`, straight from the
+    /// connection. `etag` must still be the object's: a replaced object is
+    /// an error.
+    pub fn read_range(
+        &self,
+        key: &str,
+        etag: &str,
+        len: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let want = len.saturating_sub(offset).min(buf.len() as u64) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let what = self.url(key);
+        self.with_retries(&what, || {
+            let url = self
+                .bucket
+                .get_object(self.credentials.as_ref(), key)
+                .sign(SIGNATURE_LIFETIME);
+            let range = format!("bytes={offset}-{}", offset + want as u64 - 1);
+            let sent = self
+                .agent
+                .get(url.as_str())
+                .header("Range", &range)
+                .header("If-Match", etag)
+                .call();
+            let mut resp = self.classify(&what, sent)?;
+            // A server that ignores If-Match still says which object it sent.
+            if header(&resp, "etag").is_some_and(|e| e != etag) {
+                return Err(replaced(&what, etag).into());
+            }
+            if resp.status().as_u16() != 206 && offset != 0 {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!("{what}: the server ignored the byte range {range}"),
+                )
+                .into());
+            }
+            let mut body = resp.body_mut().as_reader();
+            let mut got = 0;
+            while got < want {
+                match body.read(&mut buf[got..want]) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        return Err(Failure::Passing(format!(
+                            "connection lost after {got} of {want} bytes at offset {offset}: {e}"
+                        )))
+                    }
+                }
+            }
+            if got < want {
+                return Err(Failure::Passing(format!(
+                    "the response ended after {got} of {want} bytes at offset {offset}"
+                )));
+            }
+            Ok(want)
+        })
+    }
+
+    /// Every object whose key starts with `prefix`, in key order.
+    pub fn list(&self, prefix: &str) -> Result<Vec<ObjectEntry>> {
+        let mut all = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let (page, next) = self.list_page(prefix, token.as_deref(), 1000)?;
+            all.extend(page);
+            if all.len() > MAX_LISTED {
+                return Err(Error::invalid(format!(
+                    "{}: more than {MAX_LISTED} objects; name fewer",
+                    self.url(prefix)
+                )));
+            }
+            match next {
+                Some(t) => token = Some(t),
+                None => return Ok(all),
+            }
+        }
+    }
+
+    /// One page of a listing, and the token of the next if there is one.
+    fn list_page(
+        &self,
+        prefix: &str,
+        token: Option<&str>,
+        max_keys: usize,
+    ) -> Result<(Vec<ObjectEntry>, Option<String>)> {
+        let what = self.url(prefix);
+        self.with_retries(&what, || {
+            let mut action = ListObjectsV2::new(&self.bucket, self.credentials.as_ref());
+            action.with_prefix(prefix);
+            action.with_max_keys(max_keys);
+            if let Some(t) = token {
+                action.with_continuation_token(t);
+            }
+            let url = action.sign(SIGNATURE_LIFETIME);
+            let mut resp = self.classify(&what, self.agent.get(url.as_str()).call())?;
+            let text = resp
+                .body_mut()
+                .with_config()
+                .limit(MAX_LIST_BODY)
+                .read_to_string()
+                .map_err(|e| Failure::Passing(format!("listing's body: {e}")))?;
+            let parsed = ListObjectsV2::parse_response(&text).map_err(|e| {
+                Error::with_source(
+                    ErrorKind::Format,
+                    format!("{what}: the server's listing is not S3's XML"),
+                    e.to_string(),
+                )
+            })?;
+            let entries = parsed
+                .contents
+                .into_iter()
+                .map(|c| ObjectEntry {
+                    len: c.size.unwrap_or(0),
+                    key: c.key,
+                })
+                .collect();
+            Ok((entries, parsed.next_continuation_token))
+        })
+    }
+
+    /// Runs `attempt` until it succeeds, fails for good, or has been tried
+    /// `retry.attempts` times.
+    fn with_retries<T>(
+        &self,
+        what: &S3Url,
+        mut attempt: impl FnMut() -> Result<T, Failure>,
+    ) -> Result<T> {
+        let mut last = String::new();
+        for n in 0..self.retry.attempts {
+            if n > 0 {
+                std::thread::sleep(self.retry.delay(n - 1));
+            }
+            match attempt() {
+                Ok(v) => return Ok(v),
+                Err(Failure::Final(e)) => return Err(e),
+                Err(Failure::Passing(why)) => last = why,
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "{what}: gave up after {} attempts (AWS_MAX_ATTEMPTS) at {}: {last}",
+                self.retry.attempts, self.endpoint
+            ),
+        ))
+    }
+
+    /// The response if it succeeded; else why not, read from S3's error
+    /// body where there is one.
+    fn classify(
+        &self,
+        what: &S3Url,
+        sent: Result<Response<Body>, ureq::Error>,
+    ) -> Result<Response<Body>, Failure> {
+        let mut resp = match sent {
+            Ok(r) => r,
+            Err(e @ (ureq::Error::BadUri(_) | ureq::Error::Http(_))) => {
+                return Err(Error::with_source(
+                    ErrorKind::InvalidInput,
+                    format!("{what}: cannot make the request"),
+                    e,
+                )
+                .into())
+            }
+            // Connections refused, reset or timed out, broken responses.
+            Err(e) => return Err(Failure::Passing(e.to_string())),
+        };
+        let status = resp.status().as_u16();
+        if (200..300).contains(&status) {
+            return Ok(resp);
+        }
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(MAX_ERROR_BODY)
+            .read_to_string()
+            .unwrap_or_default();
+        let code = xml_field(&body, "Code").unwrap_or_default();
+        let message = xml_field(&body, "Message").unwrap_or_default();
+        let said = match (code.is_empty(), message.is_empty()) {
+            (true, _) => format!("HTTP {status}"),
+            (false, true) => format!("HTTP {status} {code}"),
+            (false, false) => format!("HTTP {status} {code}: {message}"),
+        };
+        if matches!(status, 429 | 500 | 502 | 503 | 504) {
+            return Err(Failure::Passing(said));
+        }
+        let (kind, hint) = match (status, code.as_str()) {
+            (_, "NoSuchBucket") => (
+                ErrorKind::NotFound,
+                format!("no bucket {:?} at {}", what.bucket, self.endpoint),
+            ),
+            (404, _) => (ErrorKind::NotFound, "no such object".to_string()),
+            (401 | 403, _) => (
+                ErrorKind::PermissionDenied,
+                "the server refused these credentials (AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY, or the profile's)"
+                    .to_string(),
+            ),
+            (412, _) => return Err(replaced(what, "the one opened").into()),
+            _ => (ErrorKind::Io, "the request failed".to_string()),
+        };
+        Err(Error::new(kind, format!("{what}: {hint} ({said})")).into())
+    }
+}
+
+/// The error for an object whose ETag is no longer `etag`.
+fn replaced(what: &S3Url, etag: &str) -> Error {
+    Error::new(
+        ErrorKind::Io,
+        format!(
+            "{what} was replaced while it was being read (its ETag is no longer {etag}); \
+             nothing read from it was kept"
+        ),
+    )
+}
+
+fn header<'r>(resp: &'r Response<Body>, name: &str) -> Option<&'r str> {
+    resp.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The text of the first `<name>...</name>` element of an S3 error body.
+/// S3's error documents are flat: no parser needed for two fields.
+pub(crate) fn xml_field(body: &str, name: &str) -> Option<String> {
+    let open = format!("<{name}>");
+    let start = body.find(&open)? + open.len();
+    let len = body[start..].find(&format!("</{name}>"))?;
+    Some(body[start..start + len].trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_fields_are_read_from_s3_error_documents() {
+        let body = "<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code>\
+                    <Message>The specified key does not exist.</Message></Error>";
+        assert_eq!(xml_field(body, "Code").unwrap(), "NoSuchKey");
+        assert_eq!(
+            xml_field(body, "Message").unwrap(),
+            "The specified key does not exist."
+        );
+        assert_eq!(xml_field(body, "Resource"), None);
+        assert_eq!(xml_field("<Code>unterminated", "Code"), None);
+        assert_eq!(xml_field("", "Code"), None);
+    }
+}

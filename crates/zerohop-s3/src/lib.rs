@@ -1,0 +1,24 @@
+//! Object storage for zerohop: S3-compatible stores (AWS S3, Ceph RGW,
+//! MinIO and others) as a source of loads beside local files.
+//!
+//! An object opens as a [`zerohop::storage::SourceFile`] whose reads are
+//! ranged GETs ([`open_sources`]): the engine reads it into its staging
+//! slots as it reads a local file, so host memory stays within staging
+//! whatever the object's size. Every read carries the ETag seen when the
+//! object was opened (`If-Match`): an object replaced meanwhile is an error,
+//! never mixed bytes. Configuration comes from the environment and the AWS
+//! files, as AWS tools read them ([`S3Config::from_env`]).
+#![forbid(unsafe_code)]
+
+mod client;
+mod config;
+pub mod ini;
+mod location;
+mod retry;
+mod source;
+
+pub use client::{ObjectEntry, ObjectInfo, S3Client};
+pub use config::{AddressingStyle, S3Config};
+pub use location::{is_s3_url, S3Url};
+pub use retry::RetryPolicy;
+pub use source::{expand, head, open_sources};

@@ -1,0 +1,148 @@
+//! Objects opened as the engine's sources, beside local files.
+
+use crate::client::{ObjectInfo, S3Client};
+use crate::config::S3Config;
+use crate::location::{glob_matches, is_s3_url, S3Url};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use zerohop::storage::{RemoteObject, SourceFile};
+use zerohop::{Error, ErrorKind, Result};
+
+/// An object as the engine reads it: ranged GETs of the version opened.
+#[derive(Debug)]
+struct ObjectSource {
+    client: Arc<S3Client>,
+    key: String,
+    etag: String,
+    len: u64,
+}
+
+impl RemoteObject for ObjectSource {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.client
+            .read_range(&self.key, &self.etag, self.len, offset, buf)
+            .map_err(|e| {
+                let kind = match e.kind() {
+                    ErrorKind::NotFound => std::io::ErrorKind::NotFound,
+                    ErrorKind::PermissionDenied => std::io::ErrorKind::PermissionDenied,
+                    _ => std::io::ErrorKind::Other,
+                };
+                std::io::Error::new(kind, e.to_string())
+            })
+    }
+}
+
+/// Clients by bucket, made on first use; the configuration is read once.
+#[derive(Default)]
+struct Clients {
+    config: Option<S3Config>,
+    by_bucket: HashMap<String, Arc<S3Client>>,
+}
+
+impl Clients {
+    fn get(&mut self, bucket: &str) -> Result<Arc<S3Client>> {
+        if let Some(c) = self.by_bucket.get(bucket) {
+            return Ok(c.clone());
+        }
+        let config = match &self.config {
+            Some(c) => c,
+            None => self.config.insert(S3Config::from_env()?),
+        };
+        let client = Arc::new(S3Client::new(config, bucket)?);
+        self.by_bucket.insert(bucket.to_string(), client.clone());
+        Ok(client)
+    }
+}
+
+/// Opens each name for reading: an `s3://bucket/key` URL as an object
+/// (one HEAD request: its length and ETag), anything else as a local file
+/// ([`SourceFile::open`]). Configuration: [`S3Config::from_env`].
+pub fn open_sources<P: AsRef<Path>>(names: &[P]) -> Result<Vec<SourceFile>> {
+    let mut clients = Clients::default();
+    names
+        .iter()
+        .map(|name| {
+            let name = name.as_ref();
+            match name.to_str().filter(|s| is_s3_url(s)) {
+                None => SourceFile::open(name),
+                Some(url) => {
+                    let url = S3Url::parse(url)?;
+                    if url.key.is_empty()
+                        || url.key.ends_with('/')
+                        || url.pattern_prefix().is_some()
+                    {
+                        return Err(Error::invalid(format!(
+                            "{url}: names no single object (a prefix or a pattern: \
+                             expand it first)"
+                        )));
+                    }
+                    let client = clients.get(&url.bucket)?;
+                    let info = client.head(&url.key)?;
+                    let object = ObjectSource {
+                        client,
+                        key: url.key.clone(),
+                        etag: info.etag,
+                        len: info.len,
+                    };
+                    Ok(SourceFile::remote(
+                        url.to_string(),
+                        info.len,
+                        Box::new(object),
+                    ))
+                }
+            }
+        })
+        .collect()
+}
+
+/// The length and ETag of the object at `url` (`s3://bucket/key`).
+pub fn head(url: &str) -> Result<ObjectInfo> {
+    let url = S3Url::parse(url)?;
+    Clients::default().get(&url.bucket)?.head(&url.key)
+}
+
+/// Expands the object store names among `names` that stand for several
+/// objects, keeping the others as they are:
+/// - `s3://bucket/prefix/` (or `s3://bucket`): every object under it whose
+///   key ends in `suffix` (say `.safetensors`), in key order;
+/// - `s3://bucket/dir/model-*.safetensors`: every key the pattern matches
+///   (`*` and `?` stop at `/`), in key order.
+///
+/// A name that matches nothing is an error that says so.
+pub fn expand(names: &[String], suffix: &str) -> Result<Vec<String>> {
+    let mut clients = Clients::default();
+    let mut out = Vec::new();
+    for name in names {
+        if !is_s3_url(name) {
+            out.push(name.clone());
+            continue;
+        }
+        let url = S3Url::parse(name)?;
+        let (prefix, keep): (&str, Box<dyn Fn(&str) -> bool>) = match url.pattern_prefix() {
+            Some(p) => (p, Box::new(|k: &str| glob_matches(&url.key, k))),
+            None if url.key.is_empty() || url.key.ends_with('/') => {
+                (&url.key, Box::new(|k: &str| k.ends_with(suffix)))
+            }
+            None => {
+                out.push(name.clone());
+                continue;
+            }
+        };
+        let found: Vec<String> = clients
+            .get(&url.bucket)?
+            .list(prefix)?
+            .into_iter()
+            .filter(|e| keep(&e.key))
+            .map(|e| url.with_key(e.key).to_string())
+            .collect();
+        if found.is_empty() {
+            return Err(Error::new(
+                ErrorKind::NotFound,
+                format!("{name}: no object matches"),
+            ));
+        }
+        out.extend(found);
+    }
+    Ok(out)
+}
