@@ -55,9 +55,12 @@ impl std::fmt::Debug for S3Client {
     }
 }
 
-/// Why an attempt failed: for a passing reason (tried again), or not.
+/// Why an attempt failed: for a passing reason (tried again), because a
+/// condition of the request did not hold (412: what that means is the
+/// caller's to say), or for good.
 enum Failure {
     Passing(String),
+    Precondition,
     Final(Error),
 }
 
@@ -182,7 +185,10 @@ impl S3Client {
                 .header("Range", &range)
                 .header("If-Match", etag)
                 .call();
-            let mut resp = self.classify(&what, sent)?;
+            let mut resp = self.classify(&what, sent).map_err(|f| match f {
+                Failure::Precondition => replaced(&what, etag).into(),
+                f => f,
+            })?;
             // A server that ignores If-Match still says which object it sent.
             if header(&resp, "etag").is_some_and(|e| e != etag) {
                 return Err(replaced(&what, etag).into());
@@ -214,6 +220,44 @@ impl S3Client {
                 )));
             }
             Ok(want)
+        })
+    }
+
+    /// Writes `bytes` as object `key` in one request; with `only_if_new`,
+    /// only where no such object exists yet (a conditional create:
+    /// otherwise an `AlreadyExists` error). Returns the new ETag.
+    pub fn put(&self, key: &str, bytes: &[u8], only_if_new: bool) -> Result<String> {
+        let what = self.url(key);
+        self.with_retries(&what, || {
+            let url = self
+                .bucket
+                .put_object(self.credentials.as_ref(), key)
+                .sign(SIGNATURE_LIFETIME);
+            let mut req = self.agent.put(url.as_str());
+            if only_if_new {
+                req = req.header("If-None-Match", "*");
+            }
+            let sent = req.send(bytes);
+            let resp = self.classify(&what, sent).map_err(|f| match f {
+                Failure::Precondition => {
+                    Error::new(ErrorKind::AlreadyExists, format!("{what} already exists")).into()
+                }
+                f => f,
+            })?;
+            Ok(header(&resp, "etag").unwrap_or_default().to_string())
+        })
+    }
+
+    /// Deletes object `key` (no error if there is none).
+    pub fn delete(&self, key: &str) -> Result<()> {
+        let what = self.url(key);
+        self.with_retries(&what, || {
+            let url = self
+                .bucket
+                .delete_object(self.credentials.as_ref(), key)
+                .sign(SIGNATURE_LIFETIME);
+            self.classify(&what, self.agent.delete(url.as_str()).call())?;
+            Ok(())
         })
     }
 
@@ -294,6 +338,12 @@ impl S3Client {
             match attempt() {
                 Ok(v) => return Ok(v),
                 Err(Failure::Final(e)) => return Err(e),
+                Err(Failure::Precondition) => {
+                    return Err(Error::new(
+                        ErrorKind::Io,
+                        format!("{what}: the server refused the request's condition (HTTP 412)"),
+                    ))
+                }
                 Err(Failure::Passing(why)) => last = why,
             }
         }
@@ -336,8 +386,8 @@ impl S3Client {
             .limit(MAX_ERROR_BODY)
             .read_to_string()
             .unwrap_or_default();
-        let code = xml_field(&body, "Code").unwrap_or_default();
-        let message = xml_field(&body, "Message").unwrap_or_default();
+        let code = error_field(&body, "Code").unwrap_or_default();
+        let message = error_field(&body, "Message").unwrap_or_default();
         let said = match (code.is_empty(), message.is_empty()) {
             (true, _) => format!("HTTP {status}"),
             (false, true) => format!("HTTP {status} {code}"),
@@ -358,7 +408,7 @@ impl S3Client {
                  AWS_SECRET_ACCESS_KEY, or the profile's)"
                     .to_string(),
             ),
-            (412, _) => return Err(replaced(what, "the one opened").into()),
+            (412, _) => return Err(Failure::Precondition),
             _ => (ErrorKind::Io, "the request failed".to_string()),
         };
         Err(Error::new(kind, format!("{what}: {hint} ({said})")).into())
@@ -380,9 +430,10 @@ fn header<'r>(resp: &'r Response<Body>, name: &str) -> Option<&'r str> {
     resp.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
-/// The text of the first `<name>...</name>` element of an S3 error body.
-/// S3's error documents are flat: no parser needed for two fields.
-pub(crate) fn xml_field(body: &str, name: &str) -> Option<String> {
+/// The text of the first `<name>...</name>` element of an S3 error
+/// document (`Code`, `Message`). They are flat: no parser needed for two
+/// fields.
+pub fn error_field(body: &str, name: &str) -> Option<String> {
     let open = format!("<{name}>");
     let start = body.find(&open)? + open.len();
     let len = body[start..].find(&format!("</{name}>"))?;
@@ -397,13 +448,13 @@ mod tests {
     fn error_fields_are_read_from_s3_error_documents() {
         let body = "<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code>\
                     <Message>The specified key does not exist.</Message></Error>";
-        assert_eq!(xml_field(body, "Code").unwrap(), "NoSuchKey");
+        assert_eq!(error_field(body, "Code").unwrap(), "NoSuchKey");
         assert_eq!(
-            xml_field(body, "Message").unwrap(),
+            error_field(body, "Message").unwrap(),
             "The specified key does not exist."
         );
-        assert_eq!(xml_field(body, "Resource"), None);
-        assert_eq!(xml_field("<Code>unterminated", "Code"), None);
-        assert_eq!(xml_field("", "Code"), None);
+        assert_eq!(error_field(body, "Resource"), None);
+        assert_eq!(error_field("<Code>unterminated", "Code"), None);
+        assert_eq!(error_field("", "Code"), None);
     }
 }

@@ -17,8 +17,8 @@ mod location;
 mod retry;
 mod source;
 
-pub use client::{ObjectEntry, ObjectInfo, S3Client};
+pub use client::{error_field, ObjectEntry, ObjectInfo, S3Client};
 pub use config::{AddressingStyle, S3Config};
 pub use location::{is_s3_url, S3Url};
 pub use retry::RetryPolicy;
-pub use source::{expand, head, open_sources};
+pub use source::{expand, expand_with_config, head, open_sources, open_sources_with};

@@ -53,6 +53,12 @@ impl S3Url {
         }
     }
 
+    /// Whether `key` matches this URL's key as a pattern (`*`: any run of
+    /// characters but `/`; `?`: any one but `/`).
+    pub fn matches(&self, key: &str) -> bool {
+        glob_matches(&self.key, key)
+    }
+
     /// The key's part before its first wildcard (`*`, `?`), where it has
     /// one: a listing under it finds every match.
     pub fn pattern_prefix(&self) -> Option<&str> {
@@ -69,7 +75,7 @@ impl fmt::Display for S3Url {
 /// Whether `key` matches `pattern`, where `*` stands for any run of
 /// characters other than `/` and `?` for any one such character (as a
 /// shell's glob does within one directory).
-pub(crate) fn glob_matches(pattern: &str, key: &str) -> bool {
+fn glob_matches(pattern: &str, key: &str) -> bool {
     let (p, k): (Vec<char>, Vec<char>) = (pattern.chars().collect(), key.chars().collect());
     // Classic backtracking over the last `*`: linear in practice, and keys
     // are at most 1,024 bytes in S3.

@@ -2,7 +2,7 @@
 
 use crate::client::{ObjectInfo, S3Client};
 use crate::config::S3Config;
-use crate::location::{glob_matches, is_s3_url, S3Url};
+use crate::location::{is_s3_url, S3Url};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -33,7 +33,8 @@ impl RemoteObject for ObjectSource {
     }
 }
 
-/// Clients by bucket, made on first use; the configuration is read once.
+/// Clients by bucket, made on first use; the configuration is read from
+/// the environment at the first object name, unless given.
 #[derive(Default)]
 struct Clients {
     config: Option<S3Config>,
@@ -59,7 +60,28 @@ impl Clients {
 /// (one HEAD request: its length and ETag), anything else as a local file
 /// ([`SourceFile::open`]). Configuration: [`S3Config::from_env`].
 pub fn open_sources<P: AsRef<Path>>(names: &[P]) -> Result<Vec<SourceFile>> {
-    let mut clients = Clients::default();
+    open_with(Clients::default(), names)
+}
+
+/// As [`open_sources`], with this configuration rather than the
+/// environment's.
+pub fn open_sources_with<P: AsRef<Path>>(
+    config: &S3Config,
+    names: &[P],
+) -> Result<Vec<SourceFile>> {
+    open_with(Clients::with(config), names)
+}
+
+impl Clients {
+    fn with(config: &S3Config) -> Self {
+        Clients {
+            config: Some(config.clone()),
+            by_bucket: HashMap::new(),
+        }
+    }
+}
+
+fn open_with<P: AsRef<Path>>(mut clients: Clients, names: &[P]) -> Result<Vec<SourceFile>> {
     names
         .iter()
         .map(|name| {
@@ -109,9 +131,22 @@ pub fn head(url: &str) -> Result<ObjectInfo> {
 /// - `s3://bucket/dir/model-*.safetensors`: every key the pattern matches
 ///   (`*` and `?` stop at `/`), in key order.
 ///
-/// A name that matches nothing is an error that says so.
+/// A name that matches nothing is an error that says so. Configuration:
+/// [`S3Config::from_env`].
 pub fn expand(names: &[String], suffix: &str) -> Result<Vec<String>> {
-    let mut clients = Clients::default();
+    expand_with(Clients::default(), names, suffix)
+}
+
+/// As [`expand`], with this configuration rather than the environment's.
+pub fn expand_with_config(
+    config: &S3Config,
+    names: &[String],
+    suffix: &str,
+) -> Result<Vec<String>> {
+    expand_with(Clients::with(config), names, suffix)
+}
+
+fn expand_with(mut clients: Clients, names: &[String], suffix: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for name in names {
         if !is_s3_url(name) {
@@ -119,15 +154,18 @@ pub fn expand(names: &[String], suffix: &str) -> Result<Vec<String>> {
             continue;
         }
         let url = S3Url::parse(name)?;
-        let (prefix, keep): (&str, Box<dyn Fn(&str) -> bool>) = match url.pattern_prefix() {
-            Some(p) => (p, Box::new(|k: &str| glob_matches(&url.key, k))),
-            None if url.key.is_empty() || url.key.ends_with('/') => {
-                (&url.key, Box::new(|k: &str| k.ends_with(suffix)))
-            }
+        let pattern = url.pattern_prefix();
+        let prefix = match pattern {
+            Some(p) => p,
+            None if url.key.is_empty() || url.key.ends_with('/') => &url.key,
             None => {
                 out.push(name.clone());
                 continue;
             }
+        };
+        let keep = |key: &str| match pattern {
+            Some(_) => url.matches(key),
+            None => key.ends_with(suffix),
         };
         let found: Vec<String> = clients
             .get(&url.bucket)?

@@ -29,6 +29,9 @@ use std::sync::Arc;
 pub trait SizedFile {
     fn path(&self) -> &std::path::Path;
     fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl SizedFile for SourceFile {
