@@ -5,7 +5,7 @@
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
-# Steps: warm (touch host memory before timing), info, tests, python, hot,
+# Steps: warm (touch host memory before timing), info, tests, python, s3, hot,
 # cold, probe, sweep, cold-sweep, phases, peers, peers-cold, distributed (2 GPUs),
 # checkpoint, save, suspend, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
@@ -22,6 +22,8 @@ stage() {
     rm -rf .stage && mkdir -p .stage/bin .stage/tests
     CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p zerohop-cli -p zerohop-preload
     cp target/release/zerohop target/release/libzerohop_preload.so .stage/bin/
+    # The S3-compatible server of the s3 step (scripts/test.sh builds it).
+    cp .tools/bin/s3s-fs .stage/bin/
     # The test targets that hold GPU tests (#[ignore = "needs an NVIDIA
     # GPU"] here); the rest run in CI. Fewer binaries keep the carried
     # tree under the device tool's size limit.
@@ -117,6 +119,43 @@ device() {
                 echo "=== tests FAILED: ${failed[*]} (whole output: info-and-tests.txt)"
                 exit 1
             fi
+            ;;
+        s3)
+            # Object storage (issue 15): the model as one object of an
+            # S3-compatible server on this machine (s3s-fs, over tmpfs),
+            # uploaded by curl; the server's raw parallel ranged GETs
+            # against zerohop loading it into the GPU, rounds alternating.
+            ensure_hot
+            local root=/dev/shm/zerohop-s3 port=9400
+            rm -rf $root && mkdir -p $root/models
+            s3s-fs --host 127.0.0.1 --port $port --access-key zk --secret-key zs $root > "$OUT/s3-server.log" 2>&1 &
+            local server=$!
+            export AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=zk AWS_SECRET_ACCESS_KEY=zs
+            sleep 1
+            local t0=$SECONDS
+            curl -sS --fail --aws-sigv4 aws:amz:us-east-1:s3 --user zk:zs -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
+                -T $HOT $AWS_ENDPOINT_URL/models/model.safetensors
+            echo "uploaded $(stat -c %s $HOT) bytes in $((SECONDS - t0)) s" | tee "$OUT/s3.txt"
+            local obj=s3://models/model.safetensors round t b
+            for round in 1 2 3; do
+                for t in 16 32 64; do
+                    for b in 4MiB 16MiB; do
+                        echo "raw-get round $round threads $t block $b $(zerohop bench raw-read $obj --threads $t --block $b --json)"
+                    done
+                done
+                echo "load round $round default $(zerohop load $obj --device cuda --json)"
+                echo "load round $round threads-32 $(zerohop load $obj --device cuda --json --threads 32 --staging 256MiB)"
+                echo "load round $round threads-64 $(zerohop load $obj --device cuda --json --threads 64 --staging 512MiB)"
+                install_wheels
+                echo "load_file round $round $(python3 -c "
+import time, torch, zerohop
+torch.cuda.init(); torch.empty(1, device='cuda')
+t = time.perf_counter(); m = zerohop.load_file('$obj', device='cuda:0'); torch.cuda.synchronize()
+s = time.perf_counter() - t; n = sum(x.numel() * x.element_size() for x in m.values())
+print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
+            done 2>&1 | tee -a "$OUT/s3.txt"
+            kill $server
+            rm -rf $root
             ;;
         hot)
             ensure_hot

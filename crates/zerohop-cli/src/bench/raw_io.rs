@@ -36,7 +36,8 @@ pub(super) struct RawRead {
 /// readers, each taking the next `block` bytes of the files in order from
 /// one shared cursor into a buffer of its own: the storage side's limit.
 /// With `IoMode::Direct`, `block` must be a multiple of 4096, and a file
-/// system that refuses O_DIRECT is an error.
+/// system that refuses O_DIRECT is an error. An `s3://` name is read by
+/// ranged GETs of `block` bytes (see `zerohop_s3`), `backend` unused.
 pub(super) fn raw_read(
     paths: &[&Path],
     backend: BackendKind,
@@ -51,10 +52,7 @@ pub(super) fn raw_read(
             zerohop::storage::DIRECT_ALIGN
         )));
     }
-    let files: Vec<SourceFile> = paths
-        .iter()
-        .map(|p| SourceFile::open(p))
-        .collect::<Result<_>>()?;
+    let files: Vec<SourceFile> = zerohop_s3::open_sources(paths)?;
     if mode == IoMode::Direct {
         if let Some(f) = files.iter().find(|f| !f.direct_capable()) {
             return Err(Error::invalid(format!(
@@ -107,7 +105,11 @@ pub(super) fn raw_read(
     let seconds = t.elapsed().as_secs_f64();
     let bytes: u64 = files.iter().map(|f| f.len()).sum();
     Ok(RawRead {
-        backend: backend.name(),
+        backend: if files.iter().all(|f| f.local_fds().is_none()) {
+            "ranged GETs"
+        } else {
+            backend.name()
+        },
         bytes,
         seconds,
         gbps: bytes as f64 / seconds / 1e9,

@@ -13,7 +13,8 @@ use zerohop::{Error, Result};
 
 #[derive(Args, Debug)]
 pub struct BenchRawReadArgs {
-    /// Files to read, whole, in this order.
+    /// Files to read, whole, in this order; or objects, s3://bucket/key
+    /// (ranged GETs of BLOCK bytes; nothing to drop from a cache).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Bytes per read, e.g. 1MiB (a multiple of 4KiB with --direct always).
@@ -48,8 +49,9 @@ struct Report {
     threads: usize,
     direct: RawDirect,
     backend: &'static str,
-    /// How the files were dropped from the page cache first.
-    cache_drop: CacheDrop,
+    /// How the files were dropped from the page cache first (none for
+    /// objects).
+    cache_drop: Option<CacheDrop>,
     /// The largest fraction of a file still cached after the drop.
     cache_left: f64,
     seconds: f64,
@@ -68,14 +70,13 @@ pub fn run(a: &BenchRawReadArgs) -> Result<()> {
         return Err(Error::invalid("--block must be at least 1 byte"));
     }
     // A missing or unreadable file is named before anything else happens.
-    for f in &a.files {
-        zerohop::storage::SourceFile::open(f)?;
-    }
-    let (mut cache_drop, mut cache_left) = (CacheDrop::Fadvise, 0.0f64);
-    for f in &a.files {
+    let files = zerohop_s3::open_sources(&a.files)?;
+    let (mut cache_drop, mut cache_left) = (None, 0.0f64);
+    for f in files.iter().filter(|f| f.local_fds().is_some()) {
+        let f = f.path();
         let (how, left) =
             drop_from_page_cache(f).map_err(|e| Error::io(f, "cannot drop the cache of", e))?;
-        cache_drop = how;
+        cache_drop = Some(how);
         cache_left = cache_left.max(left);
     }
     if cache_left > 0.01 {
@@ -118,7 +119,7 @@ pub fn run(a: &BenchRawReadArgs) -> Result<()> {
         report.bytes
     );
     println!(
-        "config   block {}, {} threads ({}), {}; cache dropped by {}",
+        "config   block {}, {} threads ({}), {}; {}",
         a.block,
         a.threads,
         report.backend,
@@ -127,8 +128,9 @@ pub fn run(a: &BenchRawReadArgs) -> Result<()> {
             RawDirect::Never => "buffered",
         },
         match cache_drop {
-            CacheDrop::DropCaches => "drop_caches",
-            CacheDrop::Fadvise => "fadvise(DONTNEED)",
+            Some(CacheDrop::DropCaches) => "cache dropped by drop_caches",
+            Some(CacheDrop::Fadvise) => "cache dropped by fadvise(DONTNEED)",
+            None => "no page cache to drop (objects)",
         }
     );
     println!(
