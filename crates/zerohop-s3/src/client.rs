@@ -16,9 +16,9 @@ use zerohop::{Error, ErrorKind, Result};
 
 /// How long a signed URL stays valid: one attempt's worth (each attempt
 /// signs anew).
-const SIGNATURE_LIFETIME: Duration = Duration::from_secs(15 * 60);
+pub(crate) const SIGNATURE_LIFETIME: Duration = Duration::from_secs(15 * 60);
 /// Error bodies are read up to this size: they are short XML documents.
-const MAX_ERROR_BODY: u64 = 64 << 10;
+pub(crate) const MAX_ERROR_BODY: u64 = 64 << 10;
 /// Listing pages are read up to this size (1,000 keys of up to 1 KiB).
 const MAX_LIST_BODY: u64 = 8 << 20;
 /// A listing stops with an error past this many objects.
@@ -41,10 +41,10 @@ pub struct ObjectEntry {
 
 /// A client of one bucket.
 pub struct S3Client {
-    bucket: Bucket,
+    pub(crate) bucket: Bucket,
     name: String,
-    credentials: Option<Credentials>,
-    agent: ureq::Agent,
+    pub(crate) credentials: Option<Credentials>,
+    pub(crate) agent: ureq::Agent,
     retry: RetryPolicy,
     endpoint: String,
 }
@@ -58,7 +58,7 @@ impl std::fmt::Debug for S3Client {
 /// Why an attempt failed: for a passing reason (tried again), because a
 /// condition of the request did not hold (412: what that means is the
 /// caller's to say), or for good.
-enum Failure {
+pub(crate) enum Failure {
     Passing(String),
     Precondition,
     Final(Error),
@@ -119,7 +119,7 @@ impl S3Client {
         })
     }
 
-    fn url(&self, key: &str) -> S3Url {
+    pub(crate) fn url(&self, key: &str) -> S3Url {
         S3Url {
             bucket: self.name.clone(),
             key: key.to_string(),
@@ -325,7 +325,7 @@ impl S3Client {
 
     /// Runs `attempt` until it succeeds, fails for good, or has been tried
     /// `retry.attempts` times.
-    fn with_retries<T>(
+    pub(crate) fn with_retries<T>(
         &self,
         what: &S3Url,
         mut attempt: impl FnMut() -> Result<T, Failure>,
@@ -358,7 +358,7 @@ impl S3Client {
 
     /// The response if it succeeded; else why not, read from S3's error
     /// body where there is one.
-    fn classify(
+    pub(crate) fn classify(
         &self,
         what: &S3Url,
         sent: Result<Response<Body>, ureq::Error>,
@@ -426,7 +426,7 @@ fn replaced(what: &S3Url, etag: &str) -> Error {
     )
 }
 
-fn header<'r>(resp: &'r Response<Body>, name: &str) -> Option<&'r str> {
+pub(crate) fn header<'r>(resp: &'r Response<Body>, name: &str) -> Option<&'r str> {
     resp.headers().get(name).and_then(|v| v.to_str().ok())
 }
 

@@ -14,11 +14,13 @@ mod client;
 mod config;
 pub mod ini;
 mod location;
+mod multipart;
 mod retry;
 mod source;
 
 pub use client::{error_field, ObjectEntry, ObjectInfo, S3Client};
 pub use config::{AddressingStyle, S3Config};
 pub use location::{is_s3_url, S3Url};
+pub use multipart::{MultipartUpload, MAX_PARTS, MIN_PART_BYTES};
 pub use retry::RetryPolicy;
 pub use source::{expand, expand_with_config, head, open_sources, open_sources_with};

@@ -16,6 +16,8 @@ use zerohop_s3::{AddressingStyle, RetryPolicy, S3Client, S3Config};
 pub const KEY_ID: &str = "zerohop-test";
 pub const SECRET: &str = "zerohop-test-secret";
 pub const BUCKET: &str = "models";
+/// The smallest part but the last that S3 accepts.
+pub const MIN: usize = zerohop_s3::MIN_PART_BYTES;
 
 /// The server binary: `ZEROHOP_S3_SERVER`, else `s3s-fs` on the PATH.
 /// scripts/test.sh installs it (and says how).
