@@ -57,6 +57,10 @@ pub struct TransferStats {
     pub cpu_seconds_per_gb: f64,
     /// Where the I/O workers' time went.
     pub profile: WorkerProfile,
+    /// Loads: from the call until the pipeline that moved the bulk of the
+    /// bytes started (waiting for the caller's streams, routes, residency
+    /// checks, a hot-route measurement where one ran).
+    pub setup_seconds: f64,
     /// Anything the transfer did differently than configured, and why.
     pub notes: Vec<String>,
 }
@@ -78,6 +82,10 @@ pub struct WorkerProfile {
     pub queue_seconds: f64,
     /// Blocked until earlier copies finished, so a slot or pin was free.
     pub copy_wait_seconds: f64,
+    /// Loads: from the pipeline's start (files mapped, windows cut) until
+    /// the worker was ready for its first window (its thread and copy
+    /// queue), summed over workers; not part of `worker_seconds`.
+    pub start_seconds: f64,
 }
 
 impl WorkerProfile {
@@ -88,6 +96,7 @@ impl WorkerProfile {
         self.check_seconds += o.check_seconds;
         self.queue_seconds += o.queue_seconds;
         self.copy_wait_seconds += o.copy_wait_seconds;
+        self.start_seconds += o.start_seconds;
     }
 
     /// One line: each part's share of the workers' time.

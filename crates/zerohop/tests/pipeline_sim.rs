@@ -366,6 +366,32 @@ fn failed_copies_and_out_of_memory_are_errors() {
     assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
 }
 
+/// The engine makes its copy queues up front and loads keep them: loads
+/// make none, and a load after a failed one still arrives exactly (a queue
+/// is kept only once idle).
+#[test]
+fn copy_queues_are_kept_between_loads() {
+    let dir = TestDir::new("queues");
+    let data = pattern(300_000, 4);
+    let path = write(&dir.path("f"), &data);
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        fail_copy: Some(7),
+        max_copy_delay: Duration::from_micros(50),
+        ..Default::default()
+    }));
+    let dev: Arc<dyn Device> = sim.clone();
+    let engine = Engine::new(dev, config(8192, 6, 3, DirectIo::Never, HotRoute::Staged)).unwrap();
+    assert_eq!(sim.queues_made(), 3, "one per I/O thread");
+    let e = engine.load_files(&[&path], None).unwrap_err();
+    assert!(e.to_string().contains("injected copy failure"), "{e}");
+    load_exact(&engine, &path, &data);
+    let made = sim.queues_made();
+    assert!((3..=6).contains(&made), "{made}");
+    load_exact(&engine, &path, &data);
+    load_exact(&engine, &path, &data);
+    assert_eq!(sim.queues_made(), made, "later loads reuse the queues");
+}
+
 #[test]
 fn bad_paths_are_clear_errors() {
     let dir = TestDir::new("badpath");

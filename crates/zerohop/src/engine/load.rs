@@ -71,6 +71,7 @@ impl Engine {
         let (hot_route, hot_left) =
             self.choose_hot_route(files, hot, &mut pool, progress, &mut done)?;
         let extents: Vec<Extent> = hot_left.into_iter().chain(other).collect();
+        let setup_seconds = started.elapsed().as_secs_f64();
         let route_of = |f: usize| match routes[f] {
             FileRoute::Fixed(r) => r,
             FileRoute::MeasuredHot => hot_route,
@@ -93,6 +94,7 @@ impl Engine {
             files: files.len(),
             windows: done.windows,
             profile: done.moved.profile,
+            setup_seconds,
             notes: done.notes,
             ..Default::default()
         };
@@ -118,6 +120,7 @@ impl Engine {
         check: Option<ReadCheck<'_>>,
         progress: Option<Progress<'_>>,
     ) -> Result<Phase> {
+        let started = Instant::now();
         let mut routes: Vec<Route> = (0..files.len()).map(route_of).collect();
         let (maps, mut notes) = page_cache_dma::map_files(files, extents, &mut routes);
         let slot = pool.config().slot_bytes as u64;
@@ -139,6 +142,8 @@ impl Engine {
         let workers = shares.into_iter().map(|slots| Worker { slots }).collect();
         let job = Job {
             device: self.device.as_ref(),
+            queues: &self.queues,
+            started,
             backend: self.backend.as_ref(),
             files,
             maps: &maps,

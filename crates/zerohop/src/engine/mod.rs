@@ -46,6 +46,8 @@ pub struct Engine {
     /// `hot_choice_file`).
     hot_choice: Mutex<Option<HotChoice>>,
     hot_choice_key: String,
+    /// The read workers' copy queues, kept between loads.
+    queues: workers::QueuePool,
 }
 
 impl Engine {
@@ -85,6 +87,7 @@ impl Engine {
             }
         }
         let pool = StagingPool::new(device.as_ref(), config.staging)?;
+        let queues = workers::QueuePool::filled(device.as_ref(), config.io_threads)?;
         let hot_choice_key = hot_choice::key(&device.describe());
         let remembered = match (&config.hot_choice_file, config.hot_route) {
             (Some(file), HotRoute::Auto) => hot_choice::load(file, &hot_choice_key),
@@ -99,6 +102,7 @@ impl Engine {
             config,
             hot_choice: Mutex::new(remembered),
             hot_choice_key,
+            queues,
         })
     }
 

@@ -10,7 +10,7 @@
 
 use super::page_cache_dma::populate;
 use super::route::Route;
-use super::workers::{assert_fits, run_workers, Progress};
+use super::workers::{assert_fits, run_workers, Progress, QueuePool};
 use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
 use crate::plan::{Extent, Window, WindowCopy, WorkItem};
 use crate::stats::WorkerProfile;
@@ -53,6 +53,9 @@ const MAX_DMA_IN_FLIGHT: usize = 2;
 
 pub(super) struct Job<'a> {
     pub device: &'a dyn Device,
+    pub queues: &'a QueuePool,
+    /// When the pipeline started (see `WorkerProfile::start_seconds`).
+    pub started: Instant,
     pub backend: &'a dyn ReadBackend,
     pub files: &'a [SourceFile],
     /// Read-only mappings of the files that take the mapped-copy or the
@@ -112,15 +115,16 @@ pub(super) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Opt
 }
 
 fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
-    let started = Instant::now();
     let mut w = Equipment {
         slots: w.slots,
-        queue: shared.job.device.new_queue()?,
+        queue: shared.job.queues.take(shared.job.device)?,
         reader: None,
     };
     let mut free: Vec<usize> = (0..w.slots.len()).collect();
     let mut pending: VecDeque<(Box<dyn Fence>, Held)> = VecDeque::new();
     let mut moved = Moved::default();
+    let started = Instant::now();
+    moved.profile.start_seconds = (started - shared.job.started).as_secs_f64();
     let result = run_items(shared, &mut w, &mut free, &mut pending, &mut moved);
     // Whatever happened, wait for every queued copy before the slots and
     // pinned pages can be reused or released.
@@ -133,6 +137,12 @@ fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
     }
     moved.profile.copy_wait_seconds += waited.elapsed().as_secs_f64();
     moved.profile.worker_seconds = started.elapsed().as_secs_f64();
+    // After an error, copies queued without a fence may still run: the pool
+    // waits for them before it keeps the queue.
+    shared
+        .job
+        .queues
+        .give_back(w.queue, result.is_ok() && drained.is_ok());
     result.and(drained).map(|_| moved)
 }
 

@@ -1,7 +1,7 @@
 //! What the read and write pipelines share: progress reports, the check
 //! that a window fits its slot, and the runner of their worker threads.
 
-use crate::device::StagingMemory;
+use crate::device::{CopyQueue, Device, StagingMemory};
 use crate::plan::Window;
 use crate::{Error, ErrorKind, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +17,47 @@ pub(super) fn assert_fits(win: &Window, slot: &dyn StagingMemory) {
         win.read_len as usize <= slot.len(),
         "window larger than a slot"
     );
+}
+
+/// Copy queues kept between loads. Making a queue (a CUDA stream) for every
+/// worker of every load, and destroying it after, put 32 driver calls in
+/// each load's start and end; the engine makes one per I/O thread up front.
+/// A queue is given back only with nothing in flight on it, so one taken
+/// from the pool is idle.
+pub(super) struct QueuePool {
+    idle: Mutex<Vec<Box<dyn CopyQueue>>>,
+}
+
+impl QueuePool {
+    /// A pool holding `n` new queues of `device`.
+    pub fn filled(device: &dyn Device, n: usize) -> Result<Self> {
+        let idle = (0..n).map(|_| device.new_queue()).collect::<Result<_>>()?;
+        Ok(QueuePool {
+            idle: Mutex::new(idle),
+        })
+    }
+
+    /// An idle queue of `device`: a kept one, else a new one.
+    pub fn take(&self, device: &dyn Device) -> Result<Box<dyn CopyQueue>> {
+        let kept = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match kept {
+            Some(q) => Ok(q),
+            None => device.new_queue(),
+        }
+    }
+
+    /// Keeps `queue` for a later load. `drained`: every copy queued on it
+    /// is known to have completed (all its fences passed); otherwise it is
+    /// waited for here, and a queue that cannot be waited for is dropped
+    /// (its drop waits for what it can) rather than kept.
+    pub fn give_back(&self, queue: Box<dyn CopyQueue>, drained: bool) {
+        if drained || queue.record().and_then(|f| f.wait()).is_ok() {
+            self.idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(queue);
+        }
+    }
 }
 
 /// Runs `work` once per worker, each on its own thread. The first error

@@ -81,6 +81,8 @@ pub struct SimDevice {
     enqueued: Arc<AtomicU64>,
     /// Copies accepted into a queue.
     accepted: Arc<AtomicU64>,
+    /// Queues made so far.
+    queues_made: AtomicU64,
     /// Framework streams waited for, in order (the simulation has no
     /// streams of its own to wait on; tests check the engine asked).
     stream_waits: Mutex<Vec<u64>>,
@@ -95,8 +97,14 @@ impl SimDevice {
             done: Arc::default(),
             enqueued: Arc::default(),
             accepted: Arc::default(),
+            queues_made: AtomicU64::new(0),
             stream_waits: Mutex::default(),
         }
+    }
+
+    /// Copy queues made so far.
+    pub fn queues_made(&self) -> u64 {
+        self.queues_made.load(Ordering::SeqCst)
     }
 
     /// Copies accepted into queues so far, and copies the copy workers have
@@ -211,6 +219,7 @@ impl Device for SimDevice {
     }
 
     fn new_queue(&self) -> Result<Box<dyn CopyQueue>> {
+        self.queues_made.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = mpsc::channel::<Op>();
         let registry = self.registry.clone();
         let config = self.config.clone();
