@@ -238,12 +238,9 @@ impl S3Client {
                 req = req.header("If-None-Match", "*");
             }
             let sent = req.send(bytes);
-            let resp = self.classify(&what, sent).map_err(|f| match f {
-                Failure::Precondition => {
-                    Error::new(ErrorKind::AlreadyExists, format!("{what} already exists")).into()
-                }
-                f => f,
-            })?;
+            let resp = self
+                .classify(&what, sent)
+                .map_err(|f| refused_create(f, &what))?;
             Ok(header(&resp, "etag").unwrap_or_default().to_string())
         })
     }
@@ -412,6 +409,16 @@ impl S3Client {
             _ => (ErrorKind::Io, "the request failed".to_string()),
         };
         Err(Error::new(kind, format!("{what}: {hint} ({said})")).into())
+    }
+}
+
+/// A conditional create's failure: a 412 means the key exists.
+pub(crate) fn refused_create(f: Failure, what: &S3Url) -> Failure {
+    match f {
+        Failure::Precondition => {
+            Error::new(ErrorKind::AlreadyExists, format!("{what} already exists")).into()
+        }
+        f => f,
     }
 }
 

@@ -3,7 +3,7 @@
 //! all before: an upload that is aborted, or whose writer or server dies,
 //! leaves nothing a reader can see.
 
-use crate::client::{header, Failure, S3Client, SIGNATURE_LIFETIME};
+use crate::client::{header, refused_create, Failure, S3Client, SIGNATURE_LIFETIME};
 use rusty_s3::actions::{CreateMultipartUpload, S3Action};
 use std::sync::{Arc, Mutex};
 use zerohop::{Error, ErrorKind, Result};
@@ -127,13 +127,7 @@ impl MultipartUpload {
             }
             let resp = c
                 .classify(&what, req.send(body.as_bytes()))
-                .map_err(|f| match f {
-                    Failure::Precondition => {
-                        Error::new(ErrorKind::AlreadyExists, format!("{what} already exists"))
-                            .into()
-                    }
-                    f => f,
-                })?;
+                .map_err(|f| refused_create(f, &what))?;
             Ok(header(&resp, "etag").unwrap_or_default().to_string())
         });
         if result.is_ok() {

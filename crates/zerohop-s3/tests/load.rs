@@ -221,19 +221,32 @@ fn an_object_replaced_during_a_load_is_an_error_not_mixed_bytes() {
     let c = server.client();
     c.put("blob.bin", &pattern(4 << 20, 5), false).unwrap();
     let files = open_sources_with(&server.config(), &[url("blob.bin")]).unwrap();
+    // One worker: it replaces the object after its first window, before it
+    // reads the next (with more, the others may read every other window
+    // of the old object meanwhile, which is a correct load).
+    let mut config = EngineConfig {
+        io_threads: 1,
+        ..EngineConfig::default()
+    };
+    config.staging.slot_bytes = 1 << 16;
+    config.staging.total_bytes = 4 << 16;
+    let one_worker = Engine::new(Arc::new(HostDevice::new()), config).unwrap();
     let replaced = AtomicBool::new(false);
     let replace = |_: u64| {
         if !replaced.swap(true, Ordering::SeqCst) {
             c.put("blob.bin", &pattern(4 << 20, 6), false).unwrap();
         }
     };
-    let e = engine().load_sources(&files, Some(&replace)).unwrap_err();
+    let e = one_worker.load_sources(&files, Some(&replace)).unwrap_err();
     assert!(replaced.load(Ordering::SeqCst));
-    assert!(
-        e.to_string()
-            .contains("was replaced while it was being read"),
-        "{e}"
-    );
+    let replaced_error = "was replaced while it was being read";
+    assert!(e.to_string().contains(replaced_error), "{e}");
+
+    // Replaced between the open and the load.
+    let files = open_sources_with(&server.config(), &[url("blob.bin")]).unwrap();
+    c.put("blob.bin", &pattern(4 << 20, 7), false).unwrap();
+    let e = engine().load_sources(&files, None).unwrap_err();
+    assert!(e.to_string().contains(replaced_error), "{e}");
 }
 
 #[test]
