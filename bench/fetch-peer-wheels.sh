@@ -27,6 +27,24 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 dest=.whl
 mkdir -p "$dest"
 
+# `fetch-peer-wheels.sh s3`: the object-store peers of bench/peers.py's s3
+# section instead, into .whl-s3/ (carried with .stage alone: with .whl the
+# tree would pass the 64 MiB limit). botocore is most of it.
+if [ "${1:-}" = s3 ]; then
+  dest=.whl-s3
+  mkdir -p "$dest"
+  pins=(
+    runai-model-streamer==0.17.1     # peer: SafetensorsStreamer ...
+    runai-model-streamer-s3==0.17.1  #   ... with its S3 backend
+    humanize==4.17.0                 #   for runai-model-streamer
+    boto3==1.44.8                    # peer: download_file + safetensors
+    botocore==1.44.8                 #   for boto3
+    s3transfer==0.19.3               #   for boto3
+    jmespath==1.1.0                  #   for boto3
+    python-dateutil==2.9.0.post0     #   for botocore
+    six==1.17.0                      #   for python-dateutil
+  )
+else
 pins=(
   fastsafetensors==0.5.0        # peer: SafeTensorsFileLoader(nogds=True)
   instanttensor==0.2.2          # peer: instanttensor.safe_open
@@ -40,6 +58,7 @@ pins=(
   iniconfig==2.1.0              #   for pytest
   pygments==2.19.2              #   for pytest
 )
+fi
 
 platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \

@@ -14,6 +14,11 @@ Sections (--modes, in this order, each timed and separately callable):
           deleted after it.  The raw-read sweep (`zerohop bench raw-read`:
           block size x threads x O_DIRECT or buffered) runs in full in the
           first round and its best --sweep-keep configurations later.
+  s3      FILE as one object of an S3-compatible server on this machine
+          (--s3-server, over --s3-root), loaded by zerohop and the peers
+          that read object stores (--s3-loaders: zerohop-py, zerohop-cli,
+          runai with its S3 backend, boto3 download + safetensors), against
+          the server's raw parallel ranged GETs; see bench/peers_s3.py.
 
 Before any section the parent touches --warm-gib GiB of fresh anonymous
 memory once and frees it (the VM grows its memory on first touch), then
@@ -32,6 +37,7 @@ call until the tensors are usable on cuda:0 (torch.cuda.synchronize()):
   safetensors      safetensors.torch.load_file(FILE, device="cuda:0")
   runai            runai_model_streamer.SafetensorsStreamer
   kvikio           kvikio.CuFile.read() of each whole file into a cupy buffer
+  boto3            (s3) boto3 download_file to tmpfs, safetensors.torch.load_file
 Cold runs use each loader's own default I/O (fastsafetensors and
 InstantTensor: O_DIRECT); hot and shapes runs switch fastsafetensors to
 buffered reads, and InstantTensor too off tmpfs (on tmpfs it maps the file
@@ -84,13 +90,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Beside this file: the report (tables, targets, JSON, chart) and the child
 # side (the loaders), whose helpers need only the standard library.
 import peers_report as report  # noqa: E402
+import peers_s3  # noqa: E402
 from peers_child import (PEER_CLASSES, check, cpu_seconds, describe, drop_page_cache,  # noqa: E402
                          fs_type, one_line, read_headers, write_warmup_file)
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers_child.py")
-LOADERS = ("zerohop-py", "zerohop-cli", "instanttensor", "fastsafetensors", "safetensors", "runai", "kvikio")
+LOADERS = ("zerohop-py", "zerohop-cli", "instanttensor", "fastsafetensors", "safetensors", "runai", "kvikio", "boto3")
 assert set(LOADERS) == set(PEER_CLASSES) | {"zerohop-cli"}
-MODES = ("hot", "shapes", "cold")
+MODES = ("hot", "shapes", "cold", "s3")
 SHAPES = {  # name: extra `zerohop gen` options
     "shards": ["--shards", "4"],
     "small": ["--small-tensors"],
@@ -207,10 +214,12 @@ def record(mode: str, shape: str, loader: str, rnd: int, **fields) -> dict:
 
 
 def load_in_child(ctx: Run, loader: str, mode: str, shape: str, rnd: int,
-                  paths: list[str], expect: dict) -> list[dict]:
-    # The child knows hot (shapes are hot loads too) and cold.
+                  paths: list[str], expect: dict, warm: dict | None = None) -> list[dict]:
+    # The child knows hot (shapes and s3 are hot loads too) and cold.
     spec = {"loader": loader, "mode": "cold" if mode == "cold" else "hot", "paths": paths, "expect": expect,
             "device": ctx.args.device, "warm_file": ctx.warm_file, "threads": ctx.args.threads}
+    if warm:  # an object to warm up on: its headers come from the local copy
+        spec.update(warm_file=warm["file"], warm_expect=warm["expect"])
     res = spawn(ctx, spec)
     if res.get("version"):
         ctx.versions[loader] = res["version"]
@@ -257,12 +266,15 @@ def load_with_cli(ctx: Run, mode: str, shape: str, rnd: int, paths: list[str], e
                    tensors=sample["tensors"], cpu_seconds=cpu, extra={"wall": True})]
 
 
-def load(ctx: Run, loader: str, mode: str, shape: str, rnd: int, paths: list[str], expect: dict) -> list[dict]:
-    """One timed load; prints a line per record and keeps the records."""
+def load(ctx: Run, loader: str, mode: str, shape: str, rnd: int, paths: list[str], expect: dict,
+         warm: dict | None = None) -> list[dict]:
+    """One timed load; prints a line per record and keeps the records.
+    `warm`: the file a child warms up on, and its header figures, where
+    not the local warm-up file (object stores)."""
     if loader == "zerohop-cli":
         recs = load_with_cli(ctx, mode, shape, rnd, paths, expect)
     else:
-        recs = load_in_child(ctx, loader, mode, shape, rnd, paths, expect)
+        recs = load_in_child(ctx, loader, mode, shape, rnd, paths, expect, warm)
     for r in recs:
         say_record(r)
     ctx.runs.extend(recs)
@@ -280,19 +292,23 @@ def say_record(r: dict) -> None:
           f"{'n/a' if cpu is None else f'{cpu:.3f}'} s/GB  {facts}".rstrip(), flush=True)
 
 
-def raw_read(ctx: Run, path: str, config: dict, rnd: int) -> dict:
-    """`zerohop bench raw-read` on one fresh file, one configuration."""
+def raw_read(ctx: Run, path: str, config: dict, rnd: int, mode: str = "cold",
+             expect_bytes: int | None = None) -> dict:
+    """`zerohop bench raw-read` on one fresh file (or an object: ranged
+    GETs, `direct` "get"), one configuration."""
+    direct = "never" if config["direct"] == "get" else config["direct"]
     cmd = [ctx.args.zerohop, "bench", "raw-read", path, "--block", config["block"],
-           "--threads", str(config["threads"]), "--direct", config["direct"], "--json"]
-    base = {"mode": "cold", "shape": "single", "loader": "raw-read", "round": rnd, "seq": next(SEQUENCE),
+           "--threads", str(config["threads"]), "--direct", direct, "--json"]
+    base = {"mode": mode, "shape": "single", "loader": "raw-read", "round": rnd, "seq": next(SEQUENCE),
             "config": config}
+    expect_bytes = os.path.getsize(path) if expect_bytes is None else expect_bytes
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=ctx.args.timeout)
         if out.returncode != 0:
             raise RuntimeError(f"exit {out.returncode}: {one_line(out.stderr) or one_line(out.stdout)}")
         rep = json.loads(one_line(out.stdout, limit=1 << 20))
-        if rep["bytes"] != os.path.getsize(path):
-            raise RuntimeError(f"read {rep['bytes']} bytes of {os.path.getsize(path)}")
+        if rep["bytes"] != expect_bytes:
+            raise RuntimeError(f"read {rep['bytes']} bytes of {expect_bytes}")
         r = dict(base, seconds=rep["seconds"], bytes=rep["bytes"], gbps=rep["gbps"],
                  cpu_seconds=rep["cpu_seconds"], extra={"cache": rep["cache_drop"]})
     except (OSError, subprocess.TimeoutExpired, RuntimeError, ValueError, KeyError) as exc:
@@ -614,7 +630,8 @@ def run_all(args: argparse.Namespace) -> None:
             h = read_headers(model)
             print(f"model {args.file}: {h['n_tensors']} tensors, {h['tensor_bytes'] / 1e9:.2f} GB, "
                   f"on {fs_type(args.file)}", flush=True)
-        sections = {"hot": section_hot, "shapes": section_shapes, "cold": lambda ctx, _: section_cold(ctx)}
+        sections = {"hot": section_hot, "shapes": section_shapes, "cold": lambda ctx, _: section_cold(ctx),
+                    "s3": lambda ctx, model: peers_s3.section_s3(ctx, model, sys.modules[__name__])}
         for mode in args.modes:
             started, error = time.perf_counter(), None
             print(f"\n=== {mode} ({ctx.elapsed():.0f} s into the run)", flush=True)
@@ -677,7 +694,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE", nargs="?",
                    help="the model for hot and shapes: a safetensors file on tmpfs (e.g. `zerohop gen --size 8GiB`)")
-    p.add_argument("--modes", type=csv_list(MODES), default=["hot"], help="sections to run, from hot, shapes, cold (default: hot)")
+    p.add_argument("--modes", type=csv_list(MODES), default=["hot"], help="sections to run, from hot, shapes, cold, s3 (default: hot)")
     p.add_argument("--zerohop", default=shutil.which("zerohop"),
                    help="the zerohop binary: the CLI loader, gen, bench raw-read (default: zerohop on PATH)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of hot and shapes; one fresh child per loader per round (default: 3)")
@@ -703,6 +720,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="raw-read O_DIRECT: always, never (default: always,never)")
     p.add_argument("--sweep-keep", type=int, default=3,
                    help="cold rounds after the first run only the best N configurations; 0: the full grid every round (default: 3)")
+    p.add_argument("--s3-server", default=shutil.which("s3s-fs"),
+                   help="s3: the S3-compatible server binary, s3s-fs (default: s3s-fs on PATH)")
+    p.add_argument("--s3-root", default="/dev/shm", help="s3: where the server keeps its objects (default: /dev/shm)")
+    p.add_argument("--s3-loaders", type=csv_list(("zerohop-py", "zerohop-cli", "runai", "boto3")),
+                   default=["zerohop-py", "zerohop-cli", "runai", "boto3"],
+                   help="(default: zerohop-py,zerohop-cli,runai,boto3)")
+    p.add_argument("--s3-sweep-blocks", type=sizes_list, default="4MiB,16MiB",
+                   help="s3: raw GET sizes (default: 4MiB,16MiB)")
+    p.add_argument("--s3-sweep-threads", type=csv_list(convert=int), default="16,32,64",
+                   help="s3: raw GETs in flight (default: 16,32,64)")
     p.add_argument("--gen-jobs", type=int, default=4, help="`zerohop gen` processes at once (default: 4)")
     p.add_argument("--threads", type=int, default=16,
                    help="threads for loaders that take a count: fastsafetensors, runai, kvikio (default: 16)")
@@ -723,14 +750,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.modes = [m for m in MODES if m in args.modes]
     if args.rounds < 1 or args.cold_rounds < 1:
         p.error("--rounds and --cold-rounds must be at least 1")
-    if any(m in args.modes for m in ("hot", "shapes")) and not args.file:
-        p.error("hot and shapes need FILE (e.g. /dev/shm/zerohop-bench.safetensors from `zerohop gen --size 8GiB`)")
+    if any(m in args.modes for m in ("hot", "shapes", "s3")) and not args.file:
+        p.error("hot, shapes and s3 need FILE (e.g. /dev/shm/zerohop-bench.safetensors from `zerohop gen --size 8GiB`)")
+    if "s3" in args.modes and not (args.s3_server and os.access(args.s3_server, os.X_OK)):
+        p.error("s3 needs an S3 server binary (--s3-server PATH to s3s-fs)")
     if args.file and not os.path.isfile(args.file):
         p.error(f"FILE {args.file} is not a file")
-    needs_bin = any(m in args.modes for m in ("shapes", "cold")) or "zerohop-cli" in args.hot_loaders
+    needs_bin = any(m in args.modes for m in ("shapes", "cold", "s3")) or "zerohop-cli" in args.hot_loaders
     if needs_bin and not (args.zerohop and os.access(args.zerohop, os.X_OK)):
-        if any(m in args.modes for m in ("shapes", "cold")):
-            p.error("shapes and cold need the zerohop binary (--zerohop PATH) to generate models")
+        if any(m in args.modes for m in ("shapes", "cold", "s3")):
+            p.error("shapes, cold and s3 need the zerohop binary (--zerohop PATH): models, raw reads")
         print("note: no zerohop binary (--zerohop): the CLI loader is left out")
         args.hot_loaders = [x for x in args.hot_loaders if x != "zerohop-cli"]
     if args.zerohop:

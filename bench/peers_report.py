@@ -3,7 +3,7 @@
 Everything here works on plain run records (dicts), so it can be tested
 without a GPU.  A run record is one timed load (or one raw read):
 
-    {"mode": "hot" | "cold" | "shapes",
+    {"mode": "hot" | "cold" | "shapes" | "s3",
      "shape": "single" | "shards" | "small" | "fp8",
      "loader": "zerohop-py" | "zerohop-cli" | "zerohop-cli-process" |
                "instanttensor" | ... | "raw-read",
@@ -32,6 +32,7 @@ LABELS = {
     "safetensors": "safetensors",
     "runai": "Run:ai streamer",
     "kvikio": "KvikIO (compat)",
+    "boto3": "boto3 download + safetensors",
     "raw-read": "raw read",
 }
 
@@ -40,6 +41,9 @@ HOT_VS_INSTANTTENSOR = 1.10
 HOT_VS_H2D = 0.90
 CLI_VS_PY = 0.05  # within 5 %
 COLD_VS_BEST = 1.05
+S3_VS_RAW_GET = 0.90
+S3_VS_RUNAI = 1.50
+S3_VS_BOTO3 = 3.00
 SHAPE_VS_SINGLE = 0.90
 STAGING_MIB = 256
 
@@ -49,8 +53,9 @@ def is_zerohop(loader: str) -> bool:
 
 
 def config_label(config: dict) -> str:
-    """`1MiB x32 O_DIRECT` for a raw-read configuration."""
-    how = "O_DIRECT" if config["direct"] == "always" else "buffered"
+    """`1MiB x32 O_DIRECT` for a raw-read configuration (`16MiB x32 GET`
+    for ranged GETs of an object)."""
+    how = {"always": "O_DIRECT", "get": "GET"}.get(config["direct"], "buffered")
     return f"{config['block']} x{config['threads']} {how}"
 
 
@@ -244,6 +249,13 @@ def evaluate_targets(runs: list[dict], h2d_gbps: float | None) -> list[dict]:
                                  + (f" ({label(best)})" if best and "best_gbps" in best else ""),
                                  _row(rows, "zerohop-py"), best, ">=", COLD_VS_BEST,
                                  ("zerohop-py", "fastsafetensors and the raw-read sweep")))
+    if "s3" in modes:
+        rows = mode_rows(runs, "s3", h2d_gbps)
+        py = _row(rows, "zerohop-py")
+        for den, want, what in ((_row(rows, "raw-read"), S3_VS_RAW_GET, "the server's best raw GET configuration"),
+                                (_row(rows, "runai"), S3_VS_RUNAI, LABELS["runai"]),
+                                (_row(rows, "boto3"), S3_VS_BOTO3, LABELS["boto3"])):
+            out.append(_ratio_target("s3", f"zerohop-py / {what}", py, den, ">=", want, ("zerohop-py", what)))
     if "shapes" in modes:
         rows = shape_rows(runs, h2d_gbps)
         for shape in [s for s in ("shards", "small", "fp8") if any(r.get("shape") == s for r in rows)]:
@@ -276,7 +288,7 @@ def target_line(t: dict) -> str:
 
 def summary(runs: list[dict], h2d_gbps: float | None) -> dict:
     """The rows of every mode that ran, and the targets."""
-    modes = [m for m in ("hot", "cold", "shapes") if any(r["mode"] == m for r in runs)]
+    modes = [m for m in ("hot", "cold", "shapes", "s3") if any(r["mode"] == m for r in runs)]
     rows = {m: shape_rows(runs, h2d_gbps) if m == "shapes" else mode_rows(runs, m, h2d_gbps) for m in modes}
     sweep = [s for s in group([r for r in runs if r["loader"] == "raw-read"]).values()]
     sweep.sort(key=lambda s: -s.get("best_gbps", -1.0))
@@ -303,7 +315,7 @@ def write_chart(path: str, rows: dict, h2d_gbps: float | None, title: str = "") 
         import matplotlib.pyplot as plt
     except ImportError as exc:
         return f"chart skipped: matplotlib is not installed ({exc})"
-    modes = [m for m in ("hot", "shapes", "cold") if rows.get(m)]
+    modes = [m for m in ("hot", "shapes", "cold", "s3") if rows.get(m)]
     if not modes:
         return "chart skipped: no results"
     fig, axes = plt.subplots(len(modes), 1, figsize=(12, 3.6 * len(modes)), squeeze=False)

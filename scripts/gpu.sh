@@ -69,7 +69,7 @@ device() {
     # call installed, which may have been zerohop's alone.
     install_wheels() {
         local set dir
-        for set in .stage/wheel .whl; do
+        for set in .stage/wheel .whl .whl-s3; do
             dir=/tmp/site-${set//[.\/]/}
             [ -d "$set" ] && [ ! -d "$dir" ] && python3 -m pip install -q --no-index --no-deps --no-compile \
                 --no-cache-dir --target "$dir" "$set"/*.whl
@@ -334,9 +334,20 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # FP8; about 3 minutes). Each run stops starting rounds at its
             # --time-limit, so the step ends within the device tool's call.
             start=$SECONDS
-            ensure_hot; install_wheels
+            # A model file written fresh: on this VM, one written earlier in
+            # the machine start was once mapped at a third of the usual rate
+            # by every loader that maps it (bench/results/2026-12-01-h200-session11).
+            rm -f $HOT; ensure_hot; install_wheels
             peers_run hot $HOT --modes hot --time-limit 240
             peers_run shapes $HOT --modes shapes --time-limit $((540 - (SECONDS - start)))
+            ;;
+        peers-s3)
+            # The s3 section of bench/peers.py (a call of its own, carrying
+            # .stage and .whl-s3: bench/fetch-peer-wheels.sh s3): the model
+            # as an object of s3s-fs over tmpfs, zerohop against Run:ai's
+            # S3 backend and boto3 + safetensors, and the raw GETs.
+            rm -f $HOT; ensure_hot; install_wheels
+            peers_run s3 $HOT --modes s3 --s3-server .stage/bin/s3s-fs --time-limit 540
             ;;
         peers-cold)
             # Cold loads and the raw-read sweep, a fresh 3 GiB copy on disk
