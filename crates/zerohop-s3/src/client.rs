@@ -412,6 +412,18 @@ impl S3Client {
     }
 }
 
+/// `e` as an I/O error of the matching kind, for the engine's storage
+/// traits (which turn it back into a [`zerohop::Error`] of that kind).
+pub(crate) fn to_io(e: Error) -> std::io::Error {
+    let kind = match e.kind() {
+        ErrorKind::NotFound => std::io::ErrorKind::NotFound,
+        ErrorKind::PermissionDenied => std::io::ErrorKind::PermissionDenied,
+        ErrorKind::AlreadyExists => std::io::ErrorKind::AlreadyExists,
+        _ => std::io::ErrorKind::Other,
+    };
+    std::io::Error::new(kind, e.to_string())
+}
+
 /// A conditional create's failure: a 412 means the key exists.
 pub(crate) fn refused_create(f: Failure, what: &S3Url) -> Failure {
     match f {

@@ -16,6 +16,7 @@ pub mod ini;
 mod location;
 mod multipart;
 mod retry;
+mod sink;
 mod source;
 
 pub use client::{error_field, ObjectEntry, ObjectInfo, S3Client};
@@ -23,4 +24,5 @@ pub use config::{AddressingStyle, S3Config};
 pub use location::{is_s3_url, S3Url};
 pub use multipart::{MultipartUpload, MAX_PARTS, MIN_PART_BYTES};
 pub use retry::RetryPolicy;
+pub use sink::create_object;
 pub use source::{expand, expand_with_config, head, open_sources, open_sources_with};

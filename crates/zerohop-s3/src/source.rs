@@ -22,14 +22,7 @@ impl RemoteObject for ObjectSource {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
         self.client
             .read_range(&self.key, &self.etag, self.len, offset, buf)
-            .map_err(|e| {
-                let kind = match e.kind() {
-                    ErrorKind::NotFound => std::io::ErrorKind::NotFound,
-                    ErrorKind::PermissionDenied => std::io::ErrorKind::PermissionDenied,
-                    _ => std::io::ErrorKind::Other,
-                };
-                std::io::Error::new(kind, e.to_string())
-            })
+            .map_err(crate::client::to_io)
     }
 }
 

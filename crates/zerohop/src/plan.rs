@@ -307,6 +307,42 @@ pub(crate) fn work_items(extents: &[Extent], routes: &[Route], caps: WindowCaps)
 
 /// Orders windows round-robin across files, so workers write several files
 /// at once (writes into one file serialize on some file systems).
+/// `file`'s windows replaced by one window per `cap`-aligned chunk of its
+/// `len` bytes, each with the copies that fall in it: a remote object's
+/// parts are written whole (what no copy fills is zeros, or host bytes).
+/// Other files' windows are kept.
+pub(crate) fn whole_chunks(windows: Vec<Window>, file: usize, len: u64, cap: u64) -> Vec<Window> {
+    let (mine, mut out): (Vec<Window>, Vec<Window>) =
+        windows.into_iter().partition(|w| w.file == file);
+    let mut tiles: Vec<Window> = (0..len.div_ceil(cap))
+        .map(|k| {
+            let start = k * cap;
+            let n = cap.min(len - start);
+            Window {
+                file,
+                start,
+                read_len: n,
+                needed: n,
+                copies: Vec::new(),
+            }
+        })
+        .collect();
+    for w in mine {
+        // Every window lies inside one chunk (see `windows`).
+        let tile = &mut tiles[(w.start / cap) as usize];
+        for c in w.copies {
+            let window_offset = w.start + c.window_offset - tile.start;
+            assert!(
+                window_offset + c.len <= tile.needed,
+                "a copy past its chunk"
+            );
+            tile.copies.push(WindowCopy { window_offset, ..c });
+        }
+    }
+    out.extend(tiles);
+    out
+}
+
 pub(crate) fn interleave_files(windows: Vec<Window>) -> Vec<Window> {
     let mut per_file: Vec<std::collections::VecDeque<Window>> = Vec::new();
     for w in windows {

@@ -36,8 +36,9 @@ pub struct TransferStats {
     /// Saves: seconds spent making files and directories durable (fsync),
     /// included in `seconds`.
     pub sync_seconds: f64,
-    /// Bytes read from remote objects (ranged requests to an object store)
-    /// into staging slots, or for host reads into the destination.
+    /// Loads: bytes read from remote objects (ranged requests to an object
+    /// store) into staging slots, or for host reads into the destination.
+    /// Saves: bytes sent to remote objects, in whole parts from the slots.
     pub remote_bytes: u64,
     /// Bytes the CPU copied out of file mappings (of page-cache pages) into
     /// staging slots.
@@ -136,7 +137,12 @@ impl TransferStats {
         let mut parts = Vec::new();
         if self.direction == Direction::Save {
             let moved = self.direct_bytes + self.buffered_bytes + self.skipped_bytes;
-            self.path = if moved == 0 {
+            self.path = if self.remote_bytes > 0 && moved == 0 {
+                format!(
+                    "staged ({} -> object parts, uploaded whole)",
+                    self.staging_words(true)
+                )
+            } else if moved + self.remote_bytes == 0 {
                 "nothing to move, files synced".into()
             } else {
                 format!(

@@ -400,3 +400,101 @@ fn failed_enqueue_leaves_no_late_copies_behind() {
         assert!(std::fs::read(dir.path(&format!("b{fail_at}"))).unwrap() == want);
     }
 }
+
+/// A remote object kept in memory: each part must come whole, once; it
+/// appears (`finished`) only when finished.
+#[derive(Debug, Default)]
+struct MemoryObject {
+    len: u64,
+    part_bytes: u64,
+    parts: std::sync::Mutex<BTreeMap<u64, Vec<u8>>>,
+    finished: std::sync::Mutex<Option<Vec<u8>>>,
+}
+
+/// The engine owns its sink; the test keeps a handle on the object.
+#[derive(Debug)]
+struct Shared(Arc<MemoryObject>);
+
+impl zerohop::storage::RemoteSink for Shared {
+    fn part_bytes(&self) -> u64 {
+        self.0.part_bytes
+    }
+    fn write_part(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        let o = &self.0;
+        assert_eq!(offset % o.part_bytes, 0, "a part starts on a part boundary");
+        assert_eq!(buf.len() as u64, o.part_bytes.min(o.len - offset), "whole");
+        let again = o.parts.lock().unwrap().insert(offset, buf.to_vec());
+        assert!(again.is_none(), "part at {offset} written twice");
+        Ok(())
+    }
+    fn finish(&self) -> std::io::Result<()> {
+        let parts = self.0.parts.lock().unwrap();
+        let whole: Vec<u8> = parts.values().flatten().copied().collect();
+        assert_eq!(whole.len() as u64, self.0.len, "every part written");
+        *self.0.finished.lock().unwrap() = Some(whole);
+        Ok(())
+    }
+}
+
+/// A remote object gets whole slot-sized parts: the device ranges at
+/// their offsets, host bytes (a header) laid over their part, zeros where
+/// nothing was written; it appears only once the write is done.
+#[test]
+fn remote_objects_get_whole_parts_with_host_bytes_and_zeros() {
+    let slot = 16 << 10;
+    let e = engine(slot, 6, 3);
+    let len = 2 * slot as u64 + 5000;
+    let object = Arc::new(MemoryObject {
+        len,
+        part_bytes: slot as u64,
+        ..Default::default()
+    });
+    let files = vec![SinkFile::remote(
+        "mem://object",
+        len,
+        Box::new(Shared(object.clone())),
+    )];
+    let src = pattern(40_000, 4);
+    let buf = upload(&e, &src);
+    let header = pattern(300, 5);
+    let mut expect = vec![0u8; len as usize];
+    expect[..300].copy_from_slice(&header);
+    let mut plan = TransferPlan::new();
+    // Across the first part boundary, then a gap, then into the last part.
+    for (off, n, boff) in [(4096u64, 20_000u64, 0u64), (30_000, 7_000, 20_000)] {
+        plan.add(&files, 0, off, n, &buf, boff).unwrap();
+        expect[off as usize..(off + n) as usize]
+            .copy_from_slice(&src[boff as usize..(boff + n) as usize]);
+    }
+    e.write_host_bytes(&files[0], 0, &header).unwrap();
+    assert!(object.finished.lock().unwrap().is_none());
+    let stats = e.write(&files, &plan, None, None).unwrap();
+    assert_eq!(stats.remote_bytes, plan.bytes());
+    assert!(stats.path.contains("object parts"), "{}", stats.path);
+    assert_eq!(object.parts.lock().unwrap().len(), 3);
+    assert!(object.finished.lock().unwrap().as_deref() == Some(&expect[..]));
+
+    // Parts of another size than the slots, and filtered writes: refused.
+    let odd = Arc::new(MemoryObject {
+        len,
+        part_bytes: 2 * slot as u64,
+        ..Default::default()
+    });
+    let files = vec![SinkFile::remote("mem://odd", len, Box::new(Shared(odd)))];
+    let mut plan = TransferPlan::new();
+    plan.add(&files, 0, 0, 100, &buf, 0).unwrap();
+    let err = e.write(&files, &plan, None, None).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("each part is written from one slot"),
+        "{err}"
+    );
+    let files = vec![SinkFile::remote(
+        "mem://object",
+        len,
+        Box::new(Shared(object)),
+    )];
+    let keep_all = |_: usize, _: u64, b: &[u8]| Ok(std::iter::once(0..b.len() as u64).collect());
+    let err = e.write(&files, &plan, Some(&keep_all), None).unwrap_err();
+    assert!(err.to_string().contains("incremental"), "{err}");
+}

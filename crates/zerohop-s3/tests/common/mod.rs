@@ -92,6 +92,11 @@ impl Server {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The server process's id (while it runs).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the server runs").id()
+    }
+
     pub fn config(&self) -> S3Config {
         config_for(&self.endpoint())
     }

@@ -3,7 +3,7 @@
 use super::write_pipeline::{self, WriteFilter, WriteJob, WriteWorker};
 use super::{Engine, Progress};
 use crate::device::wait_for_buffer_streams;
-use crate::plan::{interleave_files, windows, TransferPlan};
+use crate::plan::{interleave_files, whole_chunks, windows, TransferPlan};
 use crate::stats::{Direction, TransferStats};
 use crate::storage::{sync_dir, IoMode, SinkFile, DIRECT_ALIGN};
 use crate::{Error, ErrorKind, Result};
@@ -33,7 +33,15 @@ impl Engine {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         wait_for_buffer_streams(self.device.as_ref(), plan.buffers())?;
         let slot_bytes = pool.config().slot_bytes as u64;
-        let windows = interleave_files(windows(plan.extents(), slot_bytes, DIRECT_ALIGN));
+        let mut windows = windows(plan.extents(), slot_bytes, DIRECT_ALIGN);
+        for (i, f) in files.iter().enumerate() {
+            let Some(sink) = f.remote_sink() else {
+                continue;
+            };
+            check_remote(f, sink.part_bytes(), slot_bytes, filter.is_some())?;
+            windows = whole_chunks(windows, i, f.len(), slot_bytes);
+        }
+        let windows = interleave_files(windows);
         let shares = pool.worker_shares(self.config.io_threads.min(windows.len()));
         let threads = shares.len();
         let mut workers = Vec::with_capacity(threads);
@@ -60,6 +68,7 @@ impl Engine {
             backend: self.writer.name().to_string(),
             direct_bytes: written.direct,
             buffered_bytes: written.buffered,
+            remote_bytes: written.remote,
             skipped_bytes: written.skipped,
             sync_seconds: synced.elapsed().as_secs_f64(),
             staging_bytes: pool.bytes(),
@@ -71,7 +80,7 @@ impl Engine {
             ..Default::default()
         };
         debug_assert_eq!(
-            stats.direct_bytes + stats.buffered_bytes + stats.skipped_bytes,
+            stats.direct_bytes + stats.buffered_bytes + stats.remote_bytes + stats.skipped_bytes,
             plan.bytes()
         );
         stats.finish(started, cpu_before);
@@ -80,10 +89,14 @@ impl Engine {
 
     /// Writes host bytes (a header, small metadata) into `file` at `offset`
     /// through the engine's write backend, buffered; made durable by the
-    /// next [`Engine::write`] of the file.
+    /// next [`Engine::write`] of the file. A remote object keeps them (up
+    /// to 64 MiB) for that write, which sends them with their part.
     pub fn write_host_bytes(&self, file: &SinkFile, offset: u64, bytes: &[u8]) -> Result<()> {
+        let Some(fds) = file.local_fds() else {
+            return file.keep_host_bytes(offset, bytes);
+        };
         self.writer
-            .write_at(file, IoMode::Buffered, offset, bytes)
+            .write_at(fds, IoMode::Buffered, offset, bytes)
             .map_err(|e| write_pipeline::write_error(file, offset, bytes.len() as u64, e))
     }
 
@@ -97,9 +110,13 @@ impl Engine {
                 .map(|group| {
                     s.spawn(move || {
                         group.iter().try_for_each(|f| {
-                            self.writer
-                                .sync(f)
-                                .map_err(|e| Error::io(f.path(), "cannot make durable", e))
+                            let synced = match (f.local_fds(), f.remote_sink()) {
+                                (Some(fds), _) => self.writer.sync(fds),
+                                // The object appears, whole.
+                                (None, Some(sink)) => sink.finish(),
+                                (None, None) => unreachable!("a sink is local or remote"),
+                            };
+                            synced.map_err(|e| Error::io(f.path(), "cannot make durable", e))
                         })
                     })
                 })
@@ -116,6 +133,26 @@ impl Engine {
             .collect();
         dirs.into_iter().try_for_each(sync_dir)
     }
+}
+
+/// Refuses what a remote object cannot take: parts of another size than
+/// the staging slots (each part is one slot), and filtered (incremental)
+/// writes, which would leave parts unwritten.
+fn check_remote(file: &SinkFile, part_bytes: u64, slot_bytes: u64, filtered: bool) -> Result<()> {
+    if part_bytes != slot_bytes {
+        return Err(Error::invalid(format!(
+            "{}: parts of {part_bytes} bytes, but staging slots of {slot_bytes}: \
+             each part is written from one slot",
+            file.path().display()
+        )));
+    }
+    if filtered {
+        return Err(Error::invalid(format!(
+            "{}: incremental (filtered) writes to a remote object are not supported",
+            file.path().display()
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses plans that write one file byte twice (two workers would race).

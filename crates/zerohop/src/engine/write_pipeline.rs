@@ -8,7 +8,7 @@ use super::workers::{assert_fits, run_workers, Progress};
 use crate::device::{CopyQueue, Fence, StagingMemory};
 use crate::plan::Window;
 use crate::stats::WorkerProfile;
-use crate::storage::{write_mode, IoMode, SinkFile, WriteBackend};
+use crate::storage::{write_mode, FilePair, IoMode, SinkFile, WriteBackend};
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -26,6 +26,8 @@ pub type WriteFilter<'a> = &'a (dyn Fn(usize, u64, &[u8]) -> Result<Vec<Range<u6
 pub(super) struct Written {
     pub direct: u64,
     pub buffered: u64,
+    /// Bytes sent to remote objects, in whole parts.
+    pub remote: u64,
     /// Bytes the filter chose not to write.
     pub skipped: u64,
     pub profile: WorkerProfile,
@@ -35,6 +37,7 @@ impl Written {
     fn add(&mut self, o: Written) {
         self.direct += o.direct;
         self.buffered += o.buffered;
+        self.remote += o.remote;
         self.skipped += o.skipped;
         self.profile.add(o.profile);
     }
@@ -165,6 +168,24 @@ fn finish(
     wait(&*f.fence, &mut out.profile)?;
     let win = &job.windows[f.window];
     let file = &job.files[win.file];
+    if let Some(sink) = file.remote_sink() {
+        // SAFETY: as below; the part is this worker's slot, whole.
+        let part = unsafe {
+            std::slice::from_raw_parts_mut(w.slots[f.slot].as_mut_ptr(), win.needed as usize)
+        };
+        fill_gaps(part, &copied_runs(win));
+        file.overlay_host_bytes(win.start, part);
+        let t = Instant::now();
+        sink.write_part(win.start, part)
+            .map_err(|e| write_error(file, win.start, win.needed, e))?;
+        out.profile.io_seconds += t.elapsed().as_secs_f64();
+        out.remote += win.payload();
+        if let Some(p) = job.progress {
+            p(win.payload());
+        }
+        return Ok(());
+    }
+    let fds = file.local_fds().expect("a sink is local or remote");
     // SAFETY: the fence passed, so the copies into the slot are complete and
     // nothing else writes it until this worker frees it.
     let bytes =
@@ -190,7 +211,7 @@ fn finish(
     let mut kept = 0;
     for r in keep {
         kept += r.end - r.start;
-        let (direct, buffered) = write_range(job.writer, file, win.start, r, bytes)?;
+        let (direct, buffered) = write_range(job.writer, file, fds, win.start, r, bytes)?;
         out.direct += direct;
         out.buffered += buffered;
     }
@@ -200,6 +221,19 @@ fn finish(
         p(win.payload());
     }
     Ok(())
+}
+
+/// Zeros the bytes of `part` outside `runs` (in order, disjoint): what no
+/// copy filled holds whatever the slot held before.
+fn fill_gaps(part: &mut [u8], runs: &[Range<u64>]) {
+    let mut at = 0;
+    for r in runs
+        .iter()
+        .chain(std::iter::once(&(part.len() as u64..part.len() as u64)))
+    {
+        part[at..r.start as usize].fill(0);
+        at = r.end as usize;
+    }
 }
 
 /// The window's copied byte ranges (relative to its start), merged.
@@ -221,6 +255,7 @@ fn copied_runs(win: &Window) -> Vec<Range<u64>> {
 fn write_range(
     writer: &dyn WriteBackend,
     file: &SinkFile,
+    fds: &FilePair,
     start: u64,
     r: Range<u64>,
     bytes: &[u8],
@@ -231,7 +266,7 @@ fn write_range(
     let mut split = 0;
     if aligned > 0 && write_mode(file, at, aligned) == IoMode::Direct {
         let buf = &bytes[r.start as usize..(r.start + aligned) as usize];
-        match writer.write_at(file, IoMode::Direct, at, buf) {
+        match writer.write_at(fds, IoMode::Direct, at, buf) {
             Ok(()) => split = aligned,
             // The file system took O_DIRECT at open but refuses the write.
             Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
@@ -243,7 +278,7 @@ fn write_range(
     if split < len {
         let buf = &bytes[(r.start + split) as usize..r.end as usize];
         writer
-            .write_at(file, IoMode::Buffered, at + split, buf)
+            .write_at(fds, IoMode::Buffered, at + split, buf)
             .map_err(|e| write_error(file, at + split, len - split, e))?;
     }
     Ok((split, len - split))

@@ -265,12 +265,17 @@ mod tests {
         let client = non_blocking(&path, true);
         let passed = client.try_clone().unwrap();
         let sink = SinkFile::from_descriptors(passed, None, Path::new("label"), 8192).unwrap();
-        let fd = sink.fd_for(IoMode::Buffered);
+        let fd = sink.local_fds().unwrap().fd_for(IoMode::Buffered);
         assert!(!flags(fd).contains(OFlags::NONBLOCK));
         assert_eq!(flags(fd) & OFlags::ACCMODE, OFlags::WRONLY);
         assert!(flags(&client).contains(OFlags::NONBLOCK));
         crate::storage::PwriteBackend
-            .write_at(&sink, IoMode::Buffered, 4096, b"written")
+            .write_at(
+                sink.local_fds().unwrap(),
+                IoMode::Buffered,
+                4096,
+                b"written",
+            )
             .unwrap();
         let back = std::fs::read(&path).unwrap();
         assert!(back.len() == 8192 && &back[4096..4103] == b"written");
@@ -306,7 +311,8 @@ mod tests {
         std::fs::rename(&other, &path).unwrap();
         remove(&other);
         if sink.direct_capable() {
-            let (direct, buffered) = (sink.fd_for(IoMode::Direct), sink.fd_for(IoMode::Buffered));
+            let fds = sink.local_fds().unwrap();
+            let (direct, buffered) = (fds.fd_for(IoMode::Direct), fds.fd_for(IoMode::Buffered));
             assert!(flags(direct).contains(OFlags::DIRECT));
             assert_eq!(flags(direct) & OFlags::ACCMODE, OFlags::WRONLY);
             assert_eq!(identity(direct), identity(buffered));

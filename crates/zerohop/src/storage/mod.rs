@@ -18,7 +18,7 @@ pub(crate) use fds::{open_regular, Access};
 pub use file::{IoMode, RemoteObject, SourceFile};
 pub use mapping::{page_cache_residency, FileMapping, GuardedMapping};
 pub use psync::PreadBackend;
-pub use sink::{sync_dir, write_mode, PwriteBackend, SinkFile, WriteBackend};
+pub use sink::{sync_dir, write_mode, PwriteBackend, RemoteSink, SinkFile, WriteBackend};
 pub use uring::{UringBackend, DEFAULT_SEGMENT as DEFAULT_READ_REQUEST};
 
 use std::io;
@@ -45,10 +45,10 @@ impl SizedFile for SourceFile {
 
 impl SizedFile for SinkFile {
     fn path(&self) -> &std::path::Path {
-        FilePair::path(self)
+        SinkFile::path(self)
     }
     fn len(&self) -> u64 {
-        FilePair::len(self)
+        SinkFile::len(self)
     }
 }
 

@@ -1,5 +1,6 @@
-//! The write side of storage: files being written ([`SinkFile`]) and
-//! interchangeable write backends (`pwrite`, and a fault-injecting wrapper).
+//! The write side of storage: files (or remote objects) being written
+//! ([`SinkFile`]) and interchangeable write backends of local files
+//! (`pwrite`, and a fault-injecting wrapper).
 
 use super::fds::{blocking, open_regular, Access};
 use super::{regular_file_len, reopen_direct, FilePair, IoMode, DIRECT_ALIGN};
@@ -7,27 +8,152 @@ use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
-/// A file being written, sized up front, with an O_DIRECT descriptor when
-/// the file system accepts one.
-#[derive(Debug)]
-pub struct SinkFile {
-    fds: FilePair,
-    /// Whether a write makes the file's directory entry durable too: yes
-    /// for files zerohop created; no for descriptors a client passed (the
-    /// client made that entry, and its path may mean nothing here).
-    sync_parent: bool,
+/// Bytes that go to a remote object (an object store's multipart upload),
+/// written a whole part at a time: the engine hands it each part straight
+/// from a staging slot. Implemented outside the engine (`zerohop-s3`).
+pub trait RemoteSink: Send + Sync + std::fmt::Debug {
+    /// Bytes per part: every part but the last is this long (the engine's
+    /// staging slots must be too).
+    fn part_bytes(&self) -> u64;
+    /// Writes the part that starts at `offset` (a multiple of
+    /// `part_bytes`): `buf` is all of it. Parts may come from several
+    /// threads, in any order.
+    fn write_part(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes the object whole and visible, once every part was written.
+    /// An object never finished (dropped) never appears.
+    fn finish(&self) -> io::Result<()>;
 }
 
-impl std::ops::Deref for SinkFile {
-    type Target = FilePair;
-    fn deref(&self) -> &FilePair {
-        &self.fds
-    }
+/// Host bytes a remote object may hold for its parts (a safetensors
+/// header, say): they go out with the part they fall in.
+const MAX_REMOTE_HOST_BYTES: usize = 64 << 20;
+
+/// A file being written, sized up front, with an O_DIRECT descriptor when
+/// the file system accepts one; or a remote object.
+#[derive(Debug)]
+pub struct SinkFile {
+    origin: Origin,
+}
+
+#[derive(Debug)]
+enum Origin {
+    Local {
+        fds: FilePair,
+        /// Whether a write makes the file's directory entry durable too:
+        /// yes for files zerohop created; no for descriptors a client passed
+        /// (the client made that entry, and its path may mean nothing here).
+        sync_parent: bool,
+    },
+    Remote {
+        label: PathBuf,
+        len: u64,
+        sink: Box<dyn RemoteSink>,
+        /// Host bytes written so far (offset, bytes), laid over the parts.
+        host_bytes: Mutex<Vec<(u64, Vec<u8>)>>,
+    },
 }
 
 impl SinkFile {
+    /// A remote object of `len` bytes, named `label` in errors and stats.
+    pub fn remote(label: impl Into<PathBuf>, len: u64, sink: Box<dyn RemoteSink>) -> Self {
+        SinkFile {
+            origin: Origin::Remote {
+                label: label.into(),
+                len,
+                sink,
+                host_bytes: Mutex::new(Vec::new()),
+            },
+        }
+    }
+
+    /// The file's descriptors; `None` for a remote object.
+    pub fn local_fds(&self) -> Option<&FilePair> {
+        match &self.origin {
+            Origin::Local { fds, .. } => Some(fds),
+            Origin::Remote { .. } => None,
+        }
+    }
+
+    /// The remote object's writer; `None` for a local file.
+    pub fn remote_sink(&self) -> Option<&dyn RemoteSink> {
+        match &self.origin {
+            Origin::Local { .. } => None,
+            Origin::Remote { sink, .. } => Some(sink.as_ref()),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        match &self.origin {
+            Origin::Local { fds, .. } => fds.path(),
+            Origin::Remote { label, .. } => label,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        match &self.origin {
+            Origin::Local { fds, .. } => fds.len(),
+            Origin::Remote { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether O_DIRECT is possible (never for a remote object).
+    pub fn direct_capable(&self) -> bool {
+        self.local_fds().is_some_and(FilePair::direct_capable)
+    }
+
+    /// Remembers that O_DIRECT fails here, so later writes go buffered.
+    pub fn refuse_direct(&self) {
+        if let Some(fds) = self.local_fds() {
+            fds.refuse_direct();
+        }
+    }
+
+    /// Keeps host `bytes` at `offset` of a remote object, to go out with
+    /// the part they fall in.
+    pub(crate) fn keep_host_bytes(&self, offset: u64, bytes: &[u8]) -> Result<()> {
+        let Origin::Remote {
+            host_bytes, len, ..
+        } = &self.origin
+        else {
+            unreachable!("host bytes are kept for remote objects only");
+        };
+        let mut kept = host_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = kept.iter().map(|(_, b)| b.len()).sum::<usize>() + bytes.len();
+        if total > MAX_REMOTE_HOST_BYTES || offset + bytes.len() as u64 > *len {
+            return Err(Error::invalid(format!(
+                "{}: {} host bytes at {offset} do not fit (at most {MAX_REMOTE_HOST_BYTES} \
+                 inside the object)",
+                self.path().display(),
+                bytes.len()
+            )));
+        }
+        kept.push((offset, bytes.to_vec()));
+        Ok(())
+    }
+
+    /// Lays the kept host bytes that fall in `part` (the object's bytes
+    /// from `start`) over it.
+    pub(crate) fn overlay_host_bytes(&self, start: u64, part: &mut [u8]) {
+        let Origin::Remote { host_bytes, .. } = &self.origin else {
+            return;
+        };
+        let end = start + part.len() as u64;
+        for (at, bytes) in host_bytes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            let (from, to) = ((*at).max(start), (at + bytes.len() as u64).min(end));
+            if from < to {
+                part[(from - start) as usize..(to - start) as usize]
+                    .copy_from_slice(&bytes[(from - at) as usize..(to - at) as usize]);
+            }
+        }
+    }
+
     /// Creates `path` (which must not exist) with length `len`. Bytes never
     /// written read as zeros (the file is sparse there).
     pub fn create_new(path: &Path, len: u64) -> Result<Self> {
@@ -80,8 +206,10 @@ impl SinkFile {
         let direct = direct.map(|d| blocking(d, label)).transpose()?;
         let len = extend_to(&buffered, label, len, min_len)?;
         Ok(SinkFile {
-            fds: FilePair::new(label, buffered, direct, len),
-            sync_parent: false,
+            origin: Origin::Local {
+                fds: FilePair::new(label, buffered, direct, len),
+                sync_parent: false,
+            },
         })
     }
 
@@ -91,14 +219,23 @@ impl SinkFile {
         // Some file systems (older tmpfs, FUSE) refuse O_DIRECT: buffered only.
         let direct = reopen_direct(&buffered);
         SinkFile {
-            fds: FilePair::new(path, buffered, direct, len),
-            sync_parent: true,
+            origin: Origin::Local {
+                fds: FilePair::new(path, buffered, direct, len),
+                sync_parent: true,
+            },
         }
     }
 
-    /// Whether writes also sync the parent directory (see the field).
+    /// Whether writes also sync the parent directory (see the field; never
+    /// for a remote object).
     pub fn syncs_parent(&self) -> bool {
-        self.sync_parent
+        matches!(
+            self.origin,
+            Origin::Local {
+                sync_parent: true,
+                ..
+            }
+        )
     }
 }
 
@@ -115,14 +252,14 @@ pub fn write_mode(file: &SinkFile, offset: u64, len: u64) -> IoMode {
     }
 }
 
-/// A way of writing files; shared by the write workers.
+/// A way of writing local files; shared by the write workers.
 pub trait WriteBackend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Writes all of `buf` at `offset`. With `IoMode::Direct`, `offset`,
     /// `buf.len()` and the buffer address are multiples of [`DIRECT_ALIGN`].
-    fn write_at(&self, file: &SinkFile, mode: IoMode, offset: u64, buf: &[u8]) -> io::Result<()>;
+    fn write_at(&self, file: &FilePair, mode: IoMode, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes the file's data and size durable (`fsync`).
-    fn sync(&self, file: &SinkFile) -> io::Result<()>;
+    fn sync(&self, file: &FilePair) -> io::Result<()>;
 }
 
 /// Blocking `pwrite` from each worker thread.
@@ -134,11 +271,11 @@ impl WriteBackend for PwriteBackend {
         "pwrite"
     }
 
-    fn write_at(&self, file: &SinkFile, mode: IoMode, offset: u64, buf: &[u8]) -> io::Result<()> {
+    fn write_at(&self, file: &FilePair, mode: IoMode, offset: u64, buf: &[u8]) -> io::Result<()> {
         file.fd_for(mode).write_all_at(buf, offset)
     }
 
-    fn sync(&self, file: &SinkFile) -> io::Result<()> {
+    fn sync(&self, file: &FilePair) -> io::Result<()> {
         file.fd_for(IoMode::Buffered).sync_all()
     }
 }

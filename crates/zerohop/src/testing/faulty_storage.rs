@@ -1,7 +1,7 @@
 //! Storage backends that inject faults: failed and short reads, full disks,
 //! failed writes and `fsync`s.
 
-use crate::storage::{BlockReader, FilePair, IoMode, ReadBackend, SinkFile, WriteBackend};
+use crate::storage::{BlockReader, FilePair, IoMode, ReadBackend, WriteBackend};
 use rustix::io::Errno;
 use std::io;
 use std::sync::Arc;
@@ -105,7 +105,7 @@ impl WriteBackend for FaultyWriteBackend {
         self.inner.name()
     }
 
-    fn write_at(&self, file: &SinkFile, mode: IoMode, offset: u64, buf: &[u8]) -> io::Result<()> {
+    fn write_at(&self, file: &FilePair, mode: IoMode, offset: u64, buf: &[u8]) -> io::Result<()> {
         let end = offset + buf.len() as u64;
         for f in &self.faults {
             match *f {
@@ -121,7 +121,7 @@ impl WriteBackend for FaultyWriteBackend {
         self.inner.write_at(file, mode, offset, buf)
     }
 
-    fn sync(&self, file: &SinkFile) -> io::Result<()> {
+    fn sync(&self, file: &FilePair) -> io::Result<()> {
         if self.faults.contains(&WriteFault::SyncFails) {
             return Err(io::Error::from(Errno::IO));
         }
