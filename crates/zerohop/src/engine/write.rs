@@ -35,7 +35,7 @@ impl Engine {
         let slot_bytes = pool.config().slot_bytes as u64;
         let mut windows = windows(plan.extents(), slot_bytes, DIRECT_ALIGN);
         for (i, f) in files.iter().enumerate() {
-            let Some(sink) = f.remote_sink() else {
+            let Some(sink) = f.remote() else {
                 continue;
             };
             check_remote(f, sink.part_bytes(), slot_bytes, filter.is_some())?;
@@ -110,7 +110,7 @@ impl Engine {
                 .map(|group| {
                     s.spawn(move || {
                         group.iter().try_for_each(|f| {
-                            let synced = match (f.local_fds(), f.remote_sink()) {
+                            let synced = match (f.local_fds(), f.remote()) {
                                 (Some(fds), _) => self.writer.sync(fds),
                                 // The object appears, whole.
                                 (None, Some(sink)) => sink.finish(),

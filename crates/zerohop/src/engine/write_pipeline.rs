@@ -168,7 +168,7 @@ fn finish(
     wait(&*f.fence, &mut out.profile)?;
     let win = &job.windows[f.window];
     let file = &job.files[win.file];
-    if let Some(sink) = file.remote_sink() {
+    if let Some(sink) = file.remote() {
         // SAFETY: as below; the part is this worker's slot, whole.
         let part = unsafe {
             std::slice::from_raw_parts_mut(w.slots[f.slot].as_mut_ptr(), win.needed as usize)

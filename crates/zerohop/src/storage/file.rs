@@ -1,4 +1,5 @@
 use super::fds::{blocking, open_regular, Access};
+use super::origin::Origin;
 use super::stamp::FileStamp;
 use super::{BlockReader, FilePair};
 use crate::{Error, ErrorKind, Result};
@@ -32,22 +33,18 @@ pub trait RemoteObject: Send + Sync + std::fmt::Debug {
 /// when the file system accepts one) or a remote object.
 #[derive(Debug)]
 pub struct SourceFile {
-    origin: Origin,
+    origin: Origin<Box<dyn RemoteObject>>,
+    /// What a local file looked like when opened: a read that sees it
+    /// change reports how. `None` for a remote object (its reads check its
+    /// ETag).
+    opened: Option<FileStamp>,
 }
 
-#[derive(Debug)]
-enum Origin {
-    Local {
-        fds: FilePair,
-        /// What the file looked like when opened: a read that sees it
-        /// change reports how.
-        opened: FileStamp,
-    },
-    Remote {
-        label: PathBuf,
-        len: u64,
-        object: Box<dyn RemoteObject>,
-    },
+impl std::ops::Deref for SourceFile {
+    type Target = Origin<Box<dyn RemoteObject>>;
+    fn deref(&self) -> &Self::Target {
+        &self.origin
+    }
 }
 
 impl SourceFile {
@@ -84,54 +81,14 @@ impl SourceFile {
                 len,
                 object,
             },
+            opened: None,
         }
     }
 
     fn local(label: &Path, buffered: File, direct: Option<File>, opened: FileStamp) -> Self {
         SourceFile {
-            origin: Origin::Local {
-                fds: FilePair::new(label, buffered, direct, opened.len),
-                opened,
-            },
-        }
-    }
-
-    /// The file's descriptors; `None` for a remote object.
-    pub fn local_fds(&self) -> Option<&FilePair> {
-        match &self.origin {
-            Origin::Local { fds, .. } => Some(fds),
-            Origin::Remote { .. } => None,
-        }
-    }
-
-    /// Its path, or a remote object's label.
-    pub fn path(&self) -> &Path {
-        match &self.origin {
-            Origin::Local { fds, .. } => fds.path(),
-            Origin::Remote { label, .. } => label,
-        }
-    }
-
-    pub fn len(&self) -> u64 {
-        match &self.origin {
-            Origin::Local { fds, .. } => fds.len(),
-            Origin::Remote { len, .. } => *len,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Whether O_DIRECT is possible (never for a remote object).
-    pub fn direct_capable(&self) -> bool {
-        self.local_fds().is_some_and(FilePair::direct_capable)
-    }
-
-    /// Remembers that O_DIRECT fails here, so later reads go buffered.
-    pub fn refuse_direct(&self) {
-        if let Some(fds) = self.local_fds() {
-            fds.refuse_direct();
+            origin: Origin::Local(FilePair::new(label, buffered, direct, opened.len)),
+            opened: Some(opened),
         }
     }
 
@@ -146,7 +103,7 @@ impl SourceFile {
         buf: &mut [u8],
     ) -> std::io::Result<usize> {
         match &self.origin {
-            Origin::Local { fds, .. } => reader.read_at(fds, mode, offset, buf),
+            Origin::Local(fds) => reader.read_at(fds, mode, offset, buf),
             Origin::Remote { object, .. } => object.read_at(offset, buf),
         }
     }
@@ -156,7 +113,7 @@ impl SourceFile {
     /// effort: see [`FileStamp::changed_since`]. A remote object checks
     /// itself on every read.
     pub fn check_unchanged(&self) -> Result<()> {
-        let Origin::Local { fds, opened } = &self.origin else {
+        let (Origin::Local(fds), Some(opened)) = (&self.origin, &self.opened) else {
             return Ok(());
         };
         let now = FileStamp::of(fds.fd_for(IoMode::Buffered), self.path())?;
@@ -173,7 +130,7 @@ impl SourceFile {
     /// header parsing.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let read = match &self.origin {
-            Origin::Local { fds, .. } => fds.fd_for(IoMode::Buffered).read_exact_at(buf, offset),
+            Origin::Local(fds) => fds.fd_for(IoMode::Buffered).read_exact_at(buf, offset),
             Origin::Remote { object, .. } => match object.read_at(offset, buf) {
                 Ok(n) if n < buf.len() => Err(std::io::ErrorKind::UnexpectedEof.into()),
                 other => other.map(drop),

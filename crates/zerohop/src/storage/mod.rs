@@ -8,6 +8,8 @@ mod bus_guard;
 mod fds;
 mod file;
 mod mapping;
+mod origin;
+pub use origin::Origin;
 mod psync;
 mod sink;
 mod stamp;
@@ -34,21 +36,17 @@ pub trait SizedFile {
     }
 }
 
-impl SizedFile for SourceFile {
+/// Sources and sinks (each derefs to its [`Origin`]).
+impl<F, R> SizedFile for F
+where
+    F: std::ops::Deref<Target = Origin<R>>,
+    R: 'static,
+{
     fn path(&self) -> &std::path::Path {
-        SourceFile::path(self)
+        Origin::path(self)
     }
     fn len(&self) -> u64 {
-        SourceFile::len(self)
-    }
-}
-
-impl SizedFile for SinkFile {
-    fn path(&self) -> &std::path::Path {
-        SinkFile::path(self)
-    }
-    fn len(&self) -> u64 {
-        SinkFile::len(self)
+        Origin::len(self)
     }
 }
 

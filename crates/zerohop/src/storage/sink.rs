@@ -3,6 +3,7 @@
 //! (`pwrite`, and a fault-injecting wrapper).
 
 use super::fds::{blocking, open_regular, Access};
+use super::origin::Origin;
 use super::{regular_file_len, reopen_direct, FilePair, IoMode, DIRECT_ALIGN};
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
@@ -35,25 +36,22 @@ const MAX_REMOTE_HOST_BYTES: usize = 64 << 20;
 /// the file system accepts one; or a remote object.
 #[derive(Debug)]
 pub struct SinkFile {
-    origin: Origin,
+    origin: Origin<Box<dyn RemoteSink>>,
+    /// Whether a write makes the file's directory entry durable too: yes
+    /// for files zerohop created; no for descriptors a client passed (the
+    /// client made that entry, and its path may mean nothing here), nor
+    /// for a remote object.
+    sync_parent: bool,
+    /// A remote object's host bytes written so far (offset, bytes), laid
+    /// over its parts.
+    host_bytes: Mutex<Vec<(u64, Vec<u8>)>>,
 }
 
-#[derive(Debug)]
-enum Origin {
-    Local {
-        fds: FilePair,
-        /// Whether a write makes the file's directory entry durable too:
-        /// yes for files zerohop created; no for descriptors a client passed
-        /// (the client made that entry, and its path may mean nothing here).
-        sync_parent: bool,
-    },
-    Remote {
-        label: PathBuf,
-        len: u64,
-        sink: Box<dyn RemoteSink>,
-        /// Host bytes written so far (offset, bytes), laid over the parts.
-        host_bytes: Mutex<Vec<(u64, Vec<u8>)>>,
-    },
+impl std::ops::Deref for SinkFile {
+    type Target = Origin<Box<dyn RemoteSink>>;
+    fn deref(&self) -> &Self::Target {
+        &self.origin
+    }
 }
 
 impl SinkFile {
@@ -63,70 +61,31 @@ impl SinkFile {
             origin: Origin::Remote {
                 label: label.into(),
                 len,
-                sink,
-                host_bytes: Mutex::new(Vec::new()),
+                object: sink,
             },
+            sync_parent: false,
+            host_bytes: Mutex::default(),
         }
     }
 
-    /// The file's descriptors; `None` for a remote object.
-    pub fn local_fds(&self) -> Option<&FilePair> {
-        match &self.origin {
-            Origin::Local { fds, .. } => Some(fds),
-            Origin::Remote { .. } => None,
-        }
-    }
-
-    /// The remote object's writer; `None` for a local file.
-    pub fn remote_sink(&self) -> Option<&dyn RemoteSink> {
-        match &self.origin {
-            Origin::Local { .. } => None,
-            Origin::Remote { sink, .. } => Some(sink.as_ref()),
-        }
-    }
-
-    pub fn path(&self) -> &Path {
-        match &self.origin {
-            Origin::Local { fds, .. } => fds.path(),
-            Origin::Remote { label, .. } => label,
-        }
-    }
-
-    pub fn len(&self) -> u64 {
-        match &self.origin {
-            Origin::Local { fds, .. } => fds.len(),
-            Origin::Remote { len, .. } => *len,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Whether O_DIRECT is possible (never for a remote object).
-    pub fn direct_capable(&self) -> bool {
-        self.local_fds().is_some_and(FilePair::direct_capable)
-    }
-
-    /// Remembers that O_DIRECT fails here, so later writes go buffered.
-    pub fn refuse_direct(&self) {
-        if let Some(fds) = self.local_fds() {
-            fds.refuse_direct();
+    fn local(fds: FilePair, sync_parent: bool) -> Self {
+        SinkFile {
+            origin: Origin::Local(fds),
+            sync_parent,
+            host_bytes: Mutex::default(),
         }
     }
 
     /// Keeps host `bytes` at `offset` of a remote object, to go out with
     /// the part they fall in.
     pub(crate) fn keep_host_bytes(&self, offset: u64, bytes: &[u8]) -> Result<()> {
-        let Origin::Remote {
-            host_bytes, len, ..
-        } = &self.origin
-        else {
-            unreachable!("host bytes are kept for remote objects only");
-        };
-        let mut kept = host_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(
+            self.remote().is_some(),
+            "host bytes are kept for remote objects only"
+        );
+        let mut kept = self.host_bytes.lock().unwrap_or_else(|p| p.into_inner());
         let total: usize = kept.iter().map(|(_, b)| b.len()).sum::<usize>() + bytes.len();
-        if total > MAX_REMOTE_HOST_BYTES || offset + bytes.len() as u64 > *len {
+        if total > MAX_REMOTE_HOST_BYTES || offset + bytes.len() as u64 > self.len() {
             return Err(Error::invalid(format!(
                 "{}: {} host bytes at {offset} do not fit (at most {MAX_REMOTE_HOST_BYTES} \
                  inside the object)",
@@ -141,11 +100,13 @@ impl SinkFile {
     /// Lays the kept host bytes that fall in `part` (the object's bytes
     /// from `start`) over it.
     pub(crate) fn overlay_host_bytes(&self, start: u64, part: &mut [u8]) {
-        let Origin::Remote { host_bytes, .. } = &self.origin else {
-            return;
-        };
         let end = start + part.len() as u64;
-        for (at, bytes) in host_bytes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for (at, bytes) in self
+            .host_bytes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             let (from, to) = ((*at).max(start), (at + bytes.len() as u64).min(end));
             if from < to {
                 part[(from - start) as usize..(to - start) as usize]
@@ -205,12 +166,10 @@ impl SinkFile {
         let buffered = blocking(buffered, label)?;
         let direct = direct.map(|d| blocking(d, label)).transpose()?;
         let len = extend_to(&buffered, label, len, min_len)?;
-        Ok(SinkFile {
-            origin: Origin::Local {
-                fds: FilePair::new(label, buffered, direct, len),
-                sync_parent: false,
-            },
-        })
+        Ok(Self::local(
+            FilePair::new(label, buffered, direct, len),
+            false,
+        ))
     }
 
     fn with_direct(path: &Path, buffered: File, len: u64) -> Self {
@@ -218,24 +177,12 @@ impl SinkFile {
         // the path again (which may name another file, or a FIFO, by now).
         // Some file systems (older tmpfs, FUSE) refuse O_DIRECT: buffered only.
         let direct = reopen_direct(&buffered);
-        SinkFile {
-            origin: Origin::Local {
-                fds: FilePair::new(path, buffered, direct, len),
-                sync_parent: true,
-            },
-        }
+        Self::local(FilePair::new(path, buffered, direct, len), true)
     }
 
-    /// Whether writes also sync the parent directory (see the field; never
-    /// for a remote object).
+    /// Whether writes also sync the parent directory (see the field).
     pub fn syncs_parent(&self) -> bool {
-        matches!(
-            self.origin,
-            Origin::Local {
-                sync_parent: true,
-                ..
-            }
-        )
+        self.sync_parent
     }
 }
 
