@@ -474,7 +474,7 @@ fn remote_objects_get_whole_parts_with_host_bytes_and_zeros() {
     assert_eq!(object.parts.lock().unwrap().len(), 3);
     assert!(object.finished.lock().unwrap().as_deref() == Some(&expect[..]));
 
-    // Parts of another size than the slots, and filtered writes: refused.
+    // Parts of another size than the slots: refused.
     let odd = Arc::new(MemoryObject {
         len,
         part_bytes: 2 * slot as u64,
@@ -489,12 +489,42 @@ fn remote_objects_get_whole_parts_with_host_bytes_and_zeros() {
             .contains("each part is written from one slot"),
         "{err}"
     );
+
+    // A filter sees every part (to checksum it) but may not skip bytes.
+    let seen = std::sync::Mutex::new(Vec::new());
+    let look = |_: usize, start: u64, b: &[u8]| {
+        seen.lock().unwrap().push((start, b.len()));
+        // What the plan copied: 100 bytes at the start of the first part.
+        Ok(std::iter::once(0..100).filter(|_| start == 0).collect())
+    };
+    let again = Arc::new(MemoryObject {
+        len,
+        part_bytes: slot as u64,
+        ..Default::default()
+    });
     let files = vec![SinkFile::remote(
-        "mem://object",
+        "mem://again",
+        len,
+        Box::new(Shared(again.clone())),
+    )];
+    let mut plan = TransferPlan::new();
+    plan.add(&files, 0, 0, 100, &buf, 0).unwrap();
+    e.write(&files, &plan, Some(&look), None).unwrap();
+    let mut parts = seen.lock().unwrap().clone();
+    parts.sort_unstable();
+    assert_eq!(
+        parts,
+        [(0, slot), (slot as u64, slot), (2 * slot as u64, 5000)]
+    );
+    assert!(again.finished.lock().unwrap().as_deref().unwrap()[..100] == src[..100]);
+    let skip = |_: usize, _: u64, _: &[u8]| Ok(Vec::new());
+    let files = vec![SinkFile::remote(
+        "mem://skip",
         len,
         Box::new(Shared(object)),
     )];
-    let keep_all = |_: usize, _: u64, b: &[u8]| Ok(std::iter::once(0..b.len() as u64).collect());
-    let err = e.write(&files, &plan, Some(&keep_all), None).unwrap_err();
-    assert!(err.to_string().contains("incremental"), "{err}");
+    let mut plan = TransferPlan::new();
+    plan.add(&files, 0, 0, 100, &buf, 0).unwrap();
+    let err = e.write(&files, &plan, Some(&skip), None).unwrap_err();
+    assert!(err.to_string().contains("may not skip bytes"), "{err}");
 }

@@ -5,7 +5,7 @@ use super::{Engine, Progress};
 use crate::device::wait_for_buffer_streams;
 use crate::plan::{interleave_files, whole_chunks, windows, TransferPlan};
 use crate::stats::{Direction, TransferStats};
-use crate::storage::{sync_dir, IoMode, SinkFile, DIRECT_ALIGN};
+use crate::storage::{sync_dir, IoMode, Origin, SinkFile, DIRECT_ALIGN};
 use crate::{Error, ErrorKind, Result};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -38,7 +38,7 @@ impl Engine {
             let Some(sink) = f.remote() else {
                 continue;
             };
-            check_remote(f, sink.part_bytes(), slot_bytes, filter.is_some())?;
+            check_parts(f, sink.part_bytes(), slot_bytes)?;
             windows = whole_chunks(windows, i, f.len(), slot_bytes);
         }
         let windows = interleave_files(windows);
@@ -110,11 +110,10 @@ impl Engine {
                 .map(|group| {
                     s.spawn(move || {
                         group.iter().try_for_each(|f| {
-                            let synced = match (f.local_fds(), f.remote()) {
-                                (Some(fds), _) => self.writer.sync(fds),
+                            let synced = match &**f {
+                                Origin::Local(fds) => self.writer.sync(fds),
                                 // The object appears, whole.
-                                (None, Some(sink)) => sink.finish(),
-                                (None, None) => unreachable!("a sink is local or remote"),
+                                Origin::Remote { object, .. } => object.finish(),
                             };
                             synced.map_err(|e| Error::io(f.path(), "cannot make durable", e))
                         })
@@ -135,20 +134,14 @@ impl Engine {
     }
 }
 
-/// Refuses what a remote object cannot take: parts of another size than
-/// the staging slots (each part is one slot), and filtered (incremental)
-/// writes, which would leave parts unwritten.
-fn check_remote(file: &SinkFile, part_bytes: u64, slot_bytes: u64, filtered: bool) -> Result<()> {
+/// Refuses a remote object whose parts are of another size than the
+/// staging slots: each part is written from one slot. (A filter that skips
+/// bytes of one is refused at the part: see `write_pipeline`.)
+fn check_parts(file: &SinkFile, part_bytes: u64, slot_bytes: u64) -> Result<()> {
     if part_bytes != slot_bytes {
         return Err(Error::invalid(format!(
             "{}: parts of {part_bytes} bytes, but staging slots of {slot_bytes}: \
              each part is written from one slot",
-            file.path().display()
-        )));
-    }
-    if filtered {
-        return Err(Error::invalid(format!(
-            "{}: incremental (filtered) writes to a remote object are not supported",
             file.path().display()
         )));
     }

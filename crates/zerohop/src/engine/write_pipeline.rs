@@ -8,7 +8,7 @@ use super::workers::{assert_fits, run_workers, Progress};
 use crate::device::{CopyQueue, Fence, StagingMemory};
 use crate::plan::Window;
 use crate::stats::WorkerProfile;
-use crate::storage::{write_mode, FilePair, IoMode, SinkFile, WriteBackend};
+use crate::storage::{write_mode, FilePair, IoMode, Origin, SinkFile, WriteBackend};
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -158,7 +158,9 @@ fn wait(fence: &dyn Fence, profile: &mut WorkerProfile) -> Result<()> {
     r
 }
 
-/// Waits for a window's copies, then writes what the filter keeps.
+/// Waits for a window's copies, then writes what the filter keeps: to a
+/// local file, those ranges; to a remote object, the whole part, which the
+/// filter may look at (to checksum it) but not thin out.
 fn finish(
     job: &WriteJob<'_>,
     w: &mut WriteWorker<'_>,
@@ -168,59 +170,76 @@ fn finish(
     wait(&*f.fence, &mut out.profile)?;
     let win = &job.windows[f.window];
     let file = &job.files[win.file];
-    if let Some(sink) = file.remote() {
-        // SAFETY: as below; the part is this worker's slot, whole.
-        let part = unsafe {
-            std::slice::from_raw_parts_mut(w.slots[f.slot].as_mut_ptr(), win.needed as usize)
-        };
-        fill_gaps(part, &copied_runs(win));
-        file.overlay_host_bytes(win.start, part);
-        let t = Instant::now();
-        sink.write_part(win.start, part)
-            .map_err(|e| write_error(file, win.start, win.needed, e))?;
-        out.profile.io_seconds += t.elapsed().as_secs_f64();
-        out.remote += win.payload();
-        if let Some(p) = job.progress {
-            p(win.payload());
-        }
-        return Ok(());
-    }
-    let fds = file.local_fds().expect("a sink is local or remote");
-    // SAFETY: the fence passed, so the copies into the slot are complete and
-    // nothing else writes it until this worker frees it.
-    let bytes =
-        unsafe { std::slice::from_raw_parts(w.slots[f.slot].as_mut_ptr(), win.needed as usize) };
     let runs = copied_runs(win);
-    let keep = match job.filter {
-        Some(filter) => {
-            let t = Instant::now();
-            let keep = filter(win.file, win.start, bytes)?;
-            out.profile.check_seconds += t.elapsed().as_secs_f64();
-            let inside = |r: &Range<u64>| runs.iter().any(|c| c.start <= r.start && r.end <= c.end);
-            let ordered = keep.windows(2).all(|p| p[0].end <= p[1].start);
-            if !ordered || !keep.iter().all(inside) {
-                return Err(Error::invalid(
-                    "a write filter named overlapping ranges or bytes outside the window",
-                ));
-            }
-            keep
-        }
-        None => runs,
+    // SAFETY: the fence passed, so the copies into the slot are complete and
+    // nothing else reads or writes it until this worker frees it.
+    let slot = unsafe {
+        std::slice::from_raw_parts_mut(w.slots[f.slot].as_mut_ptr(), win.needed as usize)
     };
-    let t = Instant::now();
-    let mut kept = 0;
-    for r in keep {
-        kept += r.end - r.start;
-        let (direct, buffered) = write_range(job.writer, file, fds, win.start, r, bytes)?;
-        out.direct += direct;
-        out.buffered += buffered;
+    match &**file {
+        Origin::Remote { object, .. } => {
+            fill_gaps(slot, &runs);
+            file.overlay_host_bytes(win.start, slot);
+            let keep = kept_ranges(job, win, slot, &runs, &mut out.profile)?;
+            let kept: u64 = keep.iter().map(|r| r.end - r.start).sum();
+            if kept != win.payload() {
+                return Err(Error::invalid(format!(
+                    "{}: a remote object is written in whole parts; a write filter may not \
+                     skip bytes of it",
+                    file.path().display()
+                )));
+            }
+            let t = Instant::now();
+            object
+                .write_part(win.start, slot)
+                .map_err(|e| write_error(file, win.start, win.needed, e))?;
+            out.profile.io_seconds += t.elapsed().as_secs_f64();
+            out.remote += kept;
+        }
+        Origin::Local(fds) => {
+            let keep = kept_ranges(job, win, slot, &runs, &mut out.profile)?;
+            let t = Instant::now();
+            let mut kept = 0;
+            for r in keep {
+                kept += r.end - r.start;
+                let (direct, buffered) = write_range(job.writer, file, fds, win.start, r, slot)?;
+                out.direct += direct;
+                out.buffered += buffered;
+            }
+            out.profile.io_seconds += t.elapsed().as_secs_f64();
+            out.skipped += win.payload() - kept;
+        }
     }
-    out.profile.io_seconds += t.elapsed().as_secs_f64();
-    out.skipped += win.payload() - kept;
     if let Some(p) = job.progress {
         p(win.payload());
     }
     Ok(())
+}
+
+/// The ranges of the window (relative to its start) to write: what the
+/// job's filter keeps of `bytes`, checked to lie in order inside the
+/// copied `runs`; without a filter, the runs.
+fn kept_ranges(
+    job: &WriteJob<'_>,
+    win: &Window,
+    bytes: &[u8],
+    runs: &[Range<u64>],
+    profile: &mut WorkerProfile,
+) -> Result<Vec<Range<u64>>> {
+    let Some(filter) = job.filter else {
+        return Ok(runs.to_vec());
+    };
+    let t = Instant::now();
+    let keep = filter(win.file, win.start, bytes)?;
+    profile.check_seconds += t.elapsed().as_secs_f64();
+    let inside = |r: &Range<u64>| runs.iter().any(|c| c.start <= r.start && r.end <= c.end);
+    let ordered = keep.windows(2).all(|p| p[0].end <= p[1].start);
+    if !ordered || !keep.iter().all(inside) {
+        return Err(Error::invalid(
+            "a write filter named overlapping ranges or bytes outside the window",
+        ));
+    }
+    Ok(keep)
 }
 
 /// Zeros the bytes of `part` outside `runs` (in order, disjoint): what no
