@@ -17,7 +17,7 @@ use zerohop::{Error, ErrorKind, Result};
 /// How long a signed URL stays valid: one attempt's worth (each attempt
 /// signs anew).
 pub(crate) const SIGNATURE_LIFETIME: Duration = Duration::from_secs(15 * 60);
-/// Error bodies are read up to this size: they are short XML documents.
+/// Error bodies, and other short XML answers, are read up to this size.
 pub(crate) const MAX_ERROR_BODY: u64 = 64 << 10;
 /// Listing pages are read up to this size (1,000 keys of up to 1 KiB).
 const MAX_LIST_BODY: u64 = 8 << 20;
@@ -295,19 +295,13 @@ impl S3Client {
             }
             let url = action.sign(SIGNATURE_LIFETIME);
             let mut resp = self.classify(&what, self.agent.get(url.as_str()).call())?;
-            let text = resp
-                .body_mut()
-                .with_config()
-                .limit(MAX_LIST_BODY)
-                .read_to_string()
-                .map_err(|e| Failure::Passing(format!("listing's body: {e}")))?;
-            let parsed = ListObjectsV2::parse_response(&text).map_err(|e| {
-                Error::with_source(
-                    ErrorKind::Format,
-                    format!("{what}: the server's listing is not S3's XML"),
-                    e.to_string(),
-                )
-            })?;
+            let parsed = parse_xml(
+                &mut resp,
+                MAX_LIST_BODY,
+                &what,
+                "the server's listing",
+                ListObjectsV2::parse_response,
+            )?;
             let entries = parsed
                 .contents
                 .into_iter()
@@ -443,6 +437,32 @@ fn replaced(what: &S3Url, etag: &str) -> Error {
              nothing read from it was kept"
         ),
     )
+}
+
+/// A successful response's XML document (at most `limit` bytes), parsed
+/// by `parse`; `doc` names it in errors. A body cut short is a passing
+/// failure (tried again); one that is not the XML expected is final.
+pub(crate) fn parse_xml<T, E: std::fmt::Display>(
+    resp: &mut Response<Body>,
+    limit: u64,
+    what: &S3Url,
+    doc: &str,
+    parse: impl FnOnce(&str) -> Result<T, E>,
+) -> Result<T, Failure> {
+    let text = resp
+        .body_mut()
+        .with_config()
+        .limit(limit)
+        .read_to_string()
+        .map_err(|e| Failure::Passing(format!("{doc}: {e}")))?;
+    parse(&text).map_err(|e| {
+        Error::with_source(
+            ErrorKind::Format,
+            format!("{what}: {doc} is not S3's XML"),
+            e.to_string(),
+        )
+        .into()
+    })
 }
 
 pub(crate) fn header<'r>(resp: &'r Response<Body>, name: &str) -> Option<&'r str> {

@@ -3,7 +3,9 @@
 //! all before: an upload that is aborted, or whose writer or server dies,
 //! leaves nothing a reader can see.
 
-use crate::client::{header, refused_create, Failure, S3Client, SIGNATURE_LIFETIME};
+use crate::client::{
+    header, parse_xml, refused_create, S3Client, MAX_ERROR_BODY, SIGNATURE_LIFETIME,
+};
 use rusty_s3::actions::{CreateMultipartUpload, S3Action};
 use std::sync::{Arc, Mutex};
 use zerohop::{Error, ErrorKind, Result};
@@ -41,19 +43,13 @@ impl MultipartUpload {
                 .create_multipart_upload(client.credentials.as_ref(), key)
                 .sign(SIGNATURE_LIFETIME);
             let mut resp = client.classify(&what, client.agent.post(url.as_str()).send_empty())?;
-            let text = resp
-                .body_mut()
-                .with_config()
-                .limit(crate::client::MAX_ERROR_BODY)
-                .read_to_string()
-                .map_err(|e| Failure::Passing(format!("the upload's id: {e}")))?;
-            let parsed = CreateMultipartUpload::parse_response(&text).map_err(|e| {
-                Error::with_source(
-                    ErrorKind::Format,
-                    format!("{what}: the server's answer to a new upload is not S3's XML"),
-                    e.to_string(),
-                )
-            })?;
+            let parsed = parse_xml(
+                &mut resp,
+                MAX_ERROR_BODY,
+                &what,
+                "the server's answer to a new upload",
+                CreateMultipartUpload::parse_response,
+            )?;
             Ok(parsed.upload_id().to_string())
         })?;
         Ok(MultipartUpload {

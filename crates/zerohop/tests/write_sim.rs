@@ -411,6 +411,16 @@ struct MemoryObject {
     finished: std::sync::Mutex<Option<Vec<u8>>>,
 }
 
+impl MemoryObject {
+    fn new(len: u64, part_bytes: u64) -> Arc<Self> {
+        Arc::new(MemoryObject {
+            len,
+            part_bytes,
+            ..Default::default()
+        })
+    }
+}
+
 /// The engine owns its sink; the test keeps a handle on the object.
 #[derive(Debug)]
 struct Shared(Arc<MemoryObject>);
@@ -444,11 +454,7 @@ fn remote_objects_get_whole_parts_with_host_bytes_and_zeros() {
     let slot = 16 << 10;
     let e = engine(slot, 6, 3);
     let len = 2 * slot as u64 + 5000;
-    let object = Arc::new(MemoryObject {
-        len,
-        part_bytes: slot as u64,
-        ..Default::default()
-    });
+    let object = MemoryObject::new(len, slot as u64);
     let files = vec![SinkFile::remote(
         "mem://object",
         len,
@@ -475,11 +481,7 @@ fn remote_objects_get_whole_parts_with_host_bytes_and_zeros() {
     assert!(object.finished.lock().unwrap().as_deref() == Some(&expect[..]));
 
     // Parts of another size than the slots: refused.
-    let odd = Arc::new(MemoryObject {
-        len,
-        part_bytes: 2 * slot as u64,
-        ..Default::default()
-    });
+    let odd = MemoryObject::new(len, 2 * slot as u64);
     let files = vec![SinkFile::remote("mem://odd", len, Box::new(Shared(odd)))];
     let mut plan = TransferPlan::new();
     plan.add(&files, 0, 0, 100, &buf, 0).unwrap();
@@ -497,11 +499,7 @@ fn remote_objects_get_whole_parts_with_host_bytes_and_zeros() {
         // What the plan copied: 100 bytes at the start of the first part.
         Ok(std::iter::once(0..100).filter(|_| start == 0).collect())
     };
-    let again = Arc::new(MemoryObject {
-        len,
-        part_bytes: slot as u64,
-        ..Default::default()
-    });
+    let again = MemoryObject::new(len, slot as u64);
     let files = vec![SinkFile::remote(
         "mem://again",
         len,
