@@ -5,7 +5,8 @@
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
-# Steps: warm (touch host memory before timing), info, tests, python, s3, hot,
+# Steps: warm (touch host memory before timing), info, tests, python, s3,
+# s3-checkpoint, hot,
 # cold, probe, sweep, cold-sweep, phases, peers, peers-cold, distributed (2 GPUs),
 # checkpoint, save, suspend, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
@@ -154,6 +155,24 @@ t = time.perf_counter(); m = zerohop.load_file('$obj', device='cuda:0'); torch.c
 s = time.perf_counter() - t; n = sum(x.numel() * x.element_size() for x in m.values())
 print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             done 2>&1 | tee -a "$OUT/s3.txt"
+            kill $server
+            rm -rf $root
+            ;;
+        s3-checkpoint)
+            # Checkpoints to an object store (issue 15): 16 GiB of GPU
+            # memory saved to s3s-fs over tmpfs and restored, against the
+            # server's raw multipart upload and ranged GET rates and with
+            # the process's resident memory sampled (bench checkpoint).
+            local root=/dev/shm/zerohop-s3 port=9401 round
+            rm -rf $root && mkdir -p $root/models
+            s3s-fs --host 127.0.0.1 --port $port --access-key zk --secret-key zs $root > "$OUT/s3-checkpoint-server.log" 2>&1 &
+            local server=$!
+            sleep 1
+            for round in 1 2; do
+                AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=zk AWS_SECRET_ACCESS_KEY=zs \
+                    zerohop bench checkpoint --size "${ZEROHOP_S3_CKPT_SIZE:-16GiB}" --dir s3://models/ckpt \
+                    --device cuda ${ZEROHOP_S3_CKPT_ARGS:-} 2>&1 | sed "s/^/round $round: /"
+            done | tee "$OUT/s3-checkpoint.txt"
             kill $server
             rm -rf $root
             ;;

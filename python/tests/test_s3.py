@@ -111,3 +111,31 @@ def test_bad_names_and_credentials_get_clear_errors(bucket, rng, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     with pytest.raises(PermissionError, match="refused these credentials"):
         zerohop.load_file(f"s3://{BUCKET}/notes.safetensors", framework="np")
+
+
+def test_checkpoints_save_load_list_and_remove_in_an_object_store(bucket, rng):
+    from zerohop import checkpoint
+
+    big = rng.standard_normal(6 << 20).astype(np.float32)  # 24 MiB: several parts
+    state = {"model": {"w": big, "b": np.arange(7, dtype=np.int64)}, "step": 7}
+    first = checkpoint.save(state, f"s3://{BUCKET}/ck/step-7")
+    assert first["written_bytes"] == big.nbytes + 7 * 8
+    # Against a parent: unchanged parts are copied by the server, not sent.
+    big[-5:] += 1.0
+    second = checkpoint.save(state, f"s3://{BUCKET}/ck/step-8", parent=f"s3://{BUCKET}/ck/step-7")
+    assert second["stats"]["skipped_bytes"] > 0
+    assert [c.name for c in checkpoint.ls(f"s3://{BUCKET}/ck/")] == ["step-7", "step-8"]
+    assert checkpoint.ls(f"s3://{BUCKET}/ck/")[1].parent == "step-7"
+    back = checkpoint.load(f"s3://{BUCKET}/ck/step-8", device="cpu")
+    assert back["step"] == 7 and np.array_equal(back["model"]["w"], big)
+    ok = checkpoint.verify(f"s3://{BUCKET}/ck/step-8")
+    assert ok.bytes == big.nbytes + 7 * 8
+    with pytest.raises(FileExistsError, match="still needed"):
+        checkpoint.remove(f"s3://{BUCKET}/ck/step-7")
+    with pytest.raises(FileExistsError, match="already exists"):
+        checkpoint.save(state, f"s3://{BUCKET}/ck/step-8")
+    with pytest.raises(FileNotFoundError, match="not a checkpoint"):
+        checkpoint.load(f"s3://{BUCKET}/ck/step-9")
+    checkpoint.remove(f"s3://{BUCKET}/ck/step-8")
+    checkpoint.remove(f"s3://{BUCKET}/ck/step-7")
+    assert checkpoint.ls(f"s3://{BUCKET}/ck/") == []

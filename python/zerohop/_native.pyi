@@ -41,7 +41,7 @@ def save_safetensors(
 ) -> str: ...
 def checkpoint_save(
     device: str,
-    dir: str,
+    at: str,
     entries: Sequence[Tuple[str, Optional[str], Optional[List[int]], int, int]],
     parent: Optional[str] = None,
     metadata: Optional[Dict[str, str]] = None,
@@ -49,16 +49,18 @@ def checkpoint_save(
     progress: Any = None,
 ) -> Tuple[str, float, int]: ...
 def checkpoint_entries(
-    dir: str,
+    at: str,
 ) -> Tuple[Dict[str, str], List[Tuple[str, Optional[str], Optional[List[int]], int]]]: ...
 def checkpoint_restore(
     device: str,
-    dir: str,
+    at: str,
     targets: Sequence[Tuple[str, int, int]],
     stream: Optional[int] = None,
     progress: Any = None,
 ) -> str: ...
-def checkpoint_verify(dir: str, progress: Any = None) -> Tuple[int, int]: ...  # (chunks, bytes)
+def checkpoint_verify(at: str, progress: Any = None) -> Tuple[int, int]: ...  # (chunks, bytes)
+def checkpoint_list(store: str) -> List[Tuple[str, Optional[str], int, int]]: ...  # (name, parent, entries, bytes)
+def checkpoint_remove(at: str) -> None: ...
 
 class AgentClient:
     def __init__(self, socket: Optional[str] = None) -> None: ...

@@ -3,8 +3,10 @@
 tensors go to checksummed data files, plain values and the structure to the
 manifest, and both come back identical.
 
-A save is atomic and durable: the directory appears whole or not at all.
-With `parent=`, chunks unchanged since that checkpoint are referenced, not
+A checkpoint is a directory, or `s3://bucket/[prefix/]NAME` in an object
+store (configured as AWS tools are: see the README). A save is atomic and
+durable: the checkpoint appears whole or not at all. With `parent=` (a
+sibling), chunks unchanged since that checkpoint are referenced, not
 rewritten."""
 
 from __future__ import annotations
@@ -341,10 +343,34 @@ def verify(dir: PathLike, progress: Progress = False) -> Verified:
     return Verified(chunks=chunks, bytes=nbytes)
 
 
+class Listed(NamedTuple):
+    """A committed checkpoint, as `ls` lists it."""
+
+    name: str
+    parent: Optional[str]
+    entries: int
+    bytes: int
+
+
+def ls(where: PathLike) -> List[Listed]:
+    """The committed checkpoints in `where` (a directory, or
+    `s3://bucket/[prefix/]`), sorted by name. Saves that never committed
+    are not listed."""
+    return [Listed(*row) for row in _native.checkpoint_list(os.fspath(where))]
+
+
+def remove(at: PathLike) -> None:
+    """Deletes the checkpoint `at`; refused (FileExistsError) while another
+    checkpoint still needs its chunks."""
+    _native.checkpoint_remove(os.fspath(at))
+
+
 def latest(root: PathLike) -> Optional[str]:
-    """The most recently committed checkpoint directly under `root` (a
-    single-process or sharded one; the path), or None. A save that never
-    committed (a rank killed meanwhile, say) is not one."""
+    """The most recently committed checkpoint directly under the local
+    directory `root` (a single-process or sharded one; the path), or None.
+    A save that never committed (a rank killed meanwhile, say) is not one."""
+    if os.fspath(root).startswith("s3://"):
+        raise ValueError(f"{os.fspath(root)}: latest() reads local directories; list an object store with ls()")
     found = []
     for entry in os.scandir(root):
         for marker in (_sharded.COMMIT, "manifest.json"):

@@ -1,41 +1,32 @@
 //! The parent an incremental save compares its chunks with.
 
-use crate::manifest::Manifest;
+use crate::store::Location;
 use std::collections::HashMap;
-use std::path::Path;
-use zerohop::storage::atomic;
 use zerohop::{Error, Result};
 
 /// The parent's chunks an incremental save may reference.
 pub(crate) struct Baseline {
-    /// Directory name to record as `parent`.
+    /// The parent's name, to record as `parent`.
     pub name: Option<String>,
     /// (file name, offset, len) -> (checksum, the checkpoint holding the bytes).
     pub chunks: HashMap<(String, u64, u64), (String, String)>,
 }
 
 impl Baseline {
-    pub fn of(dir: &Path, parent: Option<&Path>) -> Result<Baseline> {
+    pub fn of(at: &Location, parent: Option<&Location>) -> Result<Baseline> {
         let Some(parent) = parent else {
             return Ok(Baseline {
                 name: None,
                 chunks: HashMap::new(),
             });
         };
-        let same_dir = |p: &Path| atomic::parent_of(p).canonicalize().ok();
-        if same_dir(parent).is_none() || same_dir(parent) != same_dir(dir) {
+        if !parent.same_store(at) {
             return Err(Error::invalid(format!(
-                "the parent checkpoint {} must be a sibling of {}",
-                parent.display(),
-                dir.display()
+                "the parent checkpoint {parent} must be a sibling of {at}"
             )));
         }
-        let name = parent
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| Error::invalid(format!("{} has no usable name", parent.display())))?
-            .to_string();
-        let m = Manifest::read(parent)?;
+        let name = parent.name.clone();
+        let m = parent.manifest()?;
         let chunks = m
             .chunks
             .iter()

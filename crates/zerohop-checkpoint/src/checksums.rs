@@ -4,7 +4,7 @@
 
 use crate::layout::ChunkSlot;
 use crate::manifest::{chunk_checksum, DataFile};
-use std::path::Path;
+use crate::store::NewCheckpoint;
 use std::time::Instant;
 use zerohop::device::DeviceChecksums;
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
@@ -82,27 +82,23 @@ fn hash_chunks(hasher: &dyn DeviceChecksums, pieces: &[Vec<DeviceBuffer>]) -> De
     Ok((sums, started.elapsed().as_secs_f64()))
 }
 
-/// Every chunk's checksum, read back from the data files in `dir` (when
-/// the device's hashing failed after the data was written).
+/// Every chunk's checksum, read back from the data files `new` wrote
+/// (when the device's hashing failed after the data was written).
 pub(crate) fn from_files(
-    dir: &Path,
+    new: &dyn NewCheckpoint,
     files: &[DataFile],
     slots: &[ChunkSlot],
 ) -> Result<Vec<String>> {
-    use std::os::unix::fs::FileExt;
-    let mut open = Vec::with_capacity(files.len());
-    for f in files {
-        let path = dir.join(&f.name);
-        open.push(std::fs::File::open(&path).map_err(|e| Error::io(&path, "cannot open", e))?);
-    }
+    let open = files
+        .iter()
+        .map(|f| new.open_written(&f.name))
+        .collect::<Result<Vec<_>>>()?;
     let mut buf = Vec::new();
     slots
         .iter()
         .map(|c| {
             buf.resize(c.len as usize, 0);
-            open[c.file]
-                .read_exact_at(&mut buf, c.offset)
-                .map_err(|e| Error::io(&dir.join(&files[c.file].name), "cannot read back", e))?;
+            open[c.file].read_exact_at(&mut buf, c.offset)?;
             Ok(chunk_checksum(&buf))
         })
         .collect()

@@ -7,16 +7,16 @@ use crate::baseline::Baseline;
 use crate::checksums::{self, ChecksumSite};
 use crate::layout::{ChunkSlot, SaveLayout};
 use crate::manifest::{checksum_hex, chunk_checksum, Chunk, DataFile};
+use crate::store::NewCheckpoint;
 use std::ops::Range;
-use std::path::Path;
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Progress, Result, TransferStats};
 
-/// Writes the data of `layout` (files in `dir`) and checksums its chunks;
+/// Writes the data of `layout` (files of `new`) and checksums its chunks;
 /// returns the transfer, every chunk, and where they were checksummed.
 pub(crate) fn write_hashed(
     engine: &Engine,
     layout: &SaveLayout,
-    dir: &Path,
+    new: &dyn NewCheckpoint,
     base: &Baseline,
     progress: Option<Progress<'_>>,
 ) -> Result<(TransferStats, Vec<Chunk>, ChecksumSite)> {
@@ -25,7 +25,7 @@ pub(crate) fn write_hashed(
         // Nothing is compared with a parent, so nothing waits for the sums:
         // the device hashes while the data is copied and written.
         Ok(()) if base.name.is_none() => {
-            write_while_hashing(engine, layout, dir, &pieces, progress)
+            write_while_hashing(engine, layout, new, &pieces, progress)
         }
         can => {
             let (sums, site) = match can {
@@ -55,7 +55,7 @@ pub(crate) fn write_hashed(
 fn write_while_hashing(
     engine: &Engine,
     layout: &SaveLayout,
-    dir: &Path,
+    new: &dyn NewCheckpoint,
     pieces: &[Vec<DeviceBuffer>],
     progress: Option<Progress<'_>>,
 ) -> Result<(TransferStats, Vec<Chunk>, ChecksumSite)> {
@@ -83,7 +83,7 @@ fn write_while_hashing(
         // The data is written: hash it from the files instead.
         Err(e) => {
             let why = format!("the device's hashing failed ({e}); the files were hashed");
-            let sums = checksums::from_files(dir, &layout.data_files, &layout.slots)?;
+            let sums = checksums::from_files(new, &layout.data_files, &layout.slots)?;
             (sums, ChecksumSite::Host { why })
         }
     };

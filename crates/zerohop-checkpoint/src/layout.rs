@@ -1,9 +1,10 @@
 //! The save's layout step: which data file each region goes to, where in
 //! it, and the fixed-size chunks each data file is checksummed by.
 
+use crate::baseline::Baseline;
 use crate::manifest::{chunk_checksum, Chunk, DataFile, Entry};
 use crate::request::{Region, SaveOptions};
-use std::path::Path;
+use crate::store::NewCheckpoint;
 use std::sync::Mutex;
 use zerohop::plan::TransferPlan;
 use zerohop::safetensors::{layout, TensorToSave};
@@ -25,12 +26,14 @@ pub(crate) struct SaveLayout {
 }
 
 impl SaveLayout {
-    /// Spreads `regions` over data files in `dir`, creates them and writes
-    /// their headers.
+    /// Spreads `regions` over data files of `new`, creates them and writes
+    /// their headers. A store may copy unchanged parts from the parent's
+    /// file of the same name.
     pub fn new(
         engine: &Engine,
         regions: &[Region],
-        dir: &Path,
+        new: &dyn NewCheckpoint,
+        base: &Baseline,
         opts: &SaveOptions,
     ) -> Result<SaveLayout> {
         let n = opts
@@ -49,7 +52,8 @@ impl SaveLayout {
                 members.iter().map(|&i| regions[i].to_save()).collect();
             let layout = layout(&tensors, &metadata)?;
             let name = format!("data-{s:05}.safetensors");
-            layout.start_file(engine, &dir.join(&name), &tensors, &mut files, &mut plan)?;
+            let file = new.create_data(&name, layout.file_len, base.name.as_deref())?;
+            layout.start_file(engine, file, &tensors, &mut files, &mut plan)?;
             placed.push(
                 tensors
                     .iter()

@@ -1,5 +1,6 @@
-//! Checkpoints of GPU memory: a directory of safetensors data files plus a
-//! manifest with a checksum per fixed-size chunk, saved through the zerohop
+//! Checkpoints of GPU memory: safetensors data files plus a manifest with a
+//! checksum per fixed-size chunk, in a directory or under an object store
+//! prefix (see [`CheckpointStore`]), saved through the zerohop
 //! engine's write pipeline and committed atomically, restored through its
 //! read pipeline with every chunk verified on the way.
 //!
@@ -18,13 +19,16 @@ mod baseline;
 mod checksums;
 mod hashing;
 mod layout;
+mod local;
 mod manifest;
 mod request;
 mod restore;
 mod save;
+mod store;
 mod verify;
 
 pub use checksums::ChecksumSite;
+pub use local::LocalStore;
 pub use manifest::{
     checksum_hex, chunk_checksum, Chunk, DataFile, Entry, Manifest, FORMAT, MANIFEST_FILE,
     MAX_MANIFEST_BYTES, VERSION,
@@ -32,4 +36,5 @@ pub use manifest::{
 pub use request::{Region, SaveOptions, DEFAULT_CHUNK_BYTES};
 pub use restore::{restore, restore_into, Restored};
 pub use save::{save, Saved};
+pub use store::{check_checkpoint_name, CheckpointStore, Location, NewCheckpoint};
 pub use verify::{dependents, remove, verify, Verified};

@@ -138,24 +138,7 @@ impl Manifest {
 
     /// Reads `dir/manifest.json`.
     pub fn read(dir: &Path) -> Result<Manifest> {
-        let path = dir.join(MANIFEST_FILE);
-        let meta = std::fs::metadata(&path).map_err(|e| {
-            let err = Error::io(&path, "not a checkpoint: cannot read", e);
-            if dir.is_dir() || !dir.exists() {
-                err
-            } else {
-                Error::invalid(format!("{} is not a checkpoint directory", dir.display()))
-            }
-        })?;
-        if meta.len() > MAX_MANIFEST_BYTES {
-            return Err(Error::format(format!(
-                "{}: {} bytes exceeds the manifest limit",
-                path.display(),
-                meta.len()
-            )));
-        }
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, "cannot read", e))?;
-        Manifest::decode(&bytes).map_err(|e| e.context(path.display()))
+        crate::Location::dir(dir)?.manifest()
     }
 
     /// Total bytes of all entries.
@@ -181,15 +164,15 @@ impl Manifest {
         }
     }
 
-    /// The error for chunk number `chunk` of the checkpoint at `dir` not
+    /// The error for chunk number `chunk` of the checkpoint `at` not
     /// matching its checksum.
-    pub fn damaged_chunk(&self, dir: &Path, chunk: usize) -> Error {
+    pub fn damaged_chunk(&self, at: &dyn std::fmt::Display, chunk: usize) -> Error {
         let c = &self.chunks[chunk];
         Error::new(
             ErrorKind::Integrity,
             format!(
                 "{}: chunk of {} does not match its checksum{}: the checkpoint is damaged",
-                dir.display(),
+                at,
                 self.describe_chunk(c.file, c.offset),
                 c.stored_in
                     .as_ref()

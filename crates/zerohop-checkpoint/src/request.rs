@@ -1,7 +1,7 @@
 //! What a save is asked for: the regions of device memory, and how.
 
+use crate::store::Location;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use zerohop::safetensors::{Dtype, TensorToSave};
 use zerohop::DeviceBuffer;
 
@@ -57,9 +57,9 @@ impl Region {
 /// How to save.
 #[derive(Debug, Clone)]
 pub struct SaveOptions {
-    /// Save incrementally against this checkpoint (a sibling directory):
+    /// Save incrementally against this checkpoint (in the same store):
     /// chunks whose checksum is unchanged are referenced, not rewritten.
-    pub parent: Option<PathBuf>,
+    pub parent: Option<Location>,
     /// Data files to spread the regions over (several writers at once);
     /// default: the engine's I/O thread count, at most one per region.
     pub shards: Option<usize>,

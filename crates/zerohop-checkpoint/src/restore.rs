@@ -4,8 +4,8 @@
 
 use crate::manifest::{chunk_checksum, Entry, Manifest};
 use crate::save::check_geometry;
+use crate::store::Location;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use zerohop::plan::TransferPlan;
 use zerohop::storage::SourceFile;
@@ -19,18 +19,18 @@ pub struct Restored {
     pub stats: TransferStats,
 }
 
-/// Restores the checkpoint at `dir` into new device allocations.
-pub fn restore(engine: &Engine, dir: &Path, progress: Option<Progress<'_>>) -> Result<Restored> {
-    let manifest = Manifest::read(dir)?;
+/// Restores the checkpoint `at` into new device allocations.
+pub fn restore(engine: &Engine, at: &Location, progress: Option<Progress<'_>>) -> Result<Restored> {
+    let manifest = at.manifest()?;
     // The data files are checked (sizes, headers) before any memory is
     // allocated for what the manifest claims.
-    let sources = Sources::open(dir, &manifest)?;
+    let sources = Sources::open(at, &manifest)?;
     let buffers = manifest
         .entries
         .iter()
         .map(|e| engine.device().alloc(e.bytes as usize))
         .collect::<Result<Vec<_>>>()?;
-    let stats = restore_entries(engine, dir, &manifest, sources, &buffers, progress)?;
+    let stats = restore_entries(engine, at, &manifest, sources, &buffers, progress)?;
     Ok(Restored {
         manifest,
         buffers,
@@ -38,16 +38,16 @@ pub fn restore(engine: &Engine, dir: &Path, progress: Option<Progress<'_>>) -> R
     })
 }
 
-/// Restores the checkpoint at `dir` into existing regions, named as saved.
+/// Restores the checkpoint `at` into existing regions, named as saved.
 /// Every entry needs a target of exactly its size, and every target an
 /// entry; otherwise nothing is read and the mismatch is the error.
 pub fn restore_into(
     engine: &Engine,
-    dir: &Path,
+    at: &Location,
     targets: &[(&str, DeviceBuffer)],
     progress: Option<Progress<'_>>,
 ) -> Result<TransferStats> {
-    let manifest = Manifest::read(dir)?;
+    let manifest = at.manifest()?;
     let by_name: HashMap<&str, &DeviceBuffer> = targets.iter().map(|(n, b)| (*n, b)).collect();
     if by_name.len() != targets.len() {
         return Err(Error::invalid("a target name is given twice"));
@@ -55,16 +55,11 @@ pub fn restore_into(
     let mut ordered = Vec::with_capacity(manifest.entries.len());
     for e in &manifest.entries {
         let b = by_name.get(e.name.as_str()).ok_or_else(|| {
-            Error::invalid(format!(
-                "{}: entry {:?} has no target region",
-                dir.display(),
-                e.name
-            ))
+            Error::invalid(format!("{at}: entry {:?} has no target region", e.name))
         })?;
         if b.len() as u64 != e.bytes {
             return Err(Error::invalid(format!(
-                "{}: entry {:?} holds {} bytes but its target region has {}",
-                dir.display(),
+                "{at}: entry {:?} holds {} bytes but its target region has {}",
                 e.name,
                 e.bytes,
                 b.len()
@@ -77,12 +72,11 @@ pub fn restore_into(
         .find(|(n, _)| !manifest.entries.iter().any(|e| e.name == *n))
     {
         return Err(Error::invalid(format!(
-            "{}: target {extra:?} is not in the checkpoint",
-            dir.display()
+            "{at}: target {extra:?} is not in the checkpoint"
         )));
     }
-    let sources = Sources::open(dir, &manifest)?;
-    restore_entries(engine, dir, &manifest, sources, &ordered, progress)
+    let sources = Sources::open(at, &manifest)?;
+    restore_entries(engine, at, &manifest, sources, &ordered, progress)
 }
 
 /// Where one chunk's bytes are read from, and what they must hash to.
@@ -95,7 +89,7 @@ struct Expected<'m> {
 
 fn restore_entries(
     engine: &Engine,
-    dir: &Path,
+    at: &Location,
     m: &Manifest,
     sources: Sources,
     targets: &[DeviceBuffer],
@@ -149,7 +143,7 @@ fn restore_entries(
         for x in list[first..].iter().take_while(|x| x.offset + x.len <= end) {
             let rel = (x.offset - start) as usize;
             if chunk_checksum(&bytes[rel..rel + x.len as usize]) != x.xxh3 {
-                return Err(m.damaged_chunk(dir, x.chunk));
+                return Err(m.damaged_chunk(at, x.chunk));
             }
             verified.fetch_add(1, Ordering::Relaxed);
         }
@@ -160,11 +154,7 @@ fn restore_entries(
     if n != m.chunks.len() {
         return Err(Error::new(
             ErrorKind::Integrity,
-            format!(
-                "{}: only {n} of {} chunks were verified",
-                dir.display(),
-                m.chunks.len()
-            ),
+            format!("{at}: only {n} of {} chunks were verified", m.chunks.len()),
         ));
     }
     Ok(stats)
@@ -179,7 +169,7 @@ pub(crate) struct Sources {
 }
 
 impl Sources {
-    pub fn open(dir: &Path, m: &Manifest) -> Result<Sources> {
+    pub fn open(at: &Location, m: &Manifest) -> Result<Sources> {
         let mut s = Sources {
             files: Vec::new(),
             index: HashMap::new(),
@@ -193,17 +183,23 @@ impl Sources {
             if s.index.contains_key(&(f, holder.clone())) {
                 continue;
             }
-            let path = holder_dir(dir, holder.as_deref()).join(&m.files[f].name);
-            let file = SourceFile::open(&path).map_err(|e| match holder {
-                Some(ref h) if e.kind() == ErrorKind::NotFound => Error::new(
-                    ErrorKind::NotFound,
-                    format!(
-                        "{}: unchanged chunks are stored in checkpoint {h:?}, which is missing ({e})",
-                        dir.display()
-                    ),
-                ),
-                _ => e,
-            })?;
+            let name = &m.files[f].name;
+            let file = match holder {
+                None => at.store.open_data(&at.name, name)?,
+                Some(ref h) => at.store.open_data(h, name).map_err(|e| {
+                    if e.kind() == ErrorKind::NotFound {
+                        Error::new(
+                            ErrorKind::NotFound,
+                            format!(
+                                "{at}: unchanged chunks are stored in checkpoint {h:?}, \
+                                 which is missing ({e})"
+                            ),
+                        )
+                    } else {
+                        e
+                    }
+                })?,
+            };
             // A parent's file may be longer or shorter than ours (regions
             // changed size); each chunk read from it is bounds-checked when
             // planned and checksummed when read.
@@ -212,7 +208,7 @@ impl Sources {
                     ErrorKind::Integrity,
                     format!(
                         "{}: {} bytes, but the manifest says {}",
-                        path.display(),
+                        file.path().display(),
                         file.len(),
                         m.files[f].bytes
                     ),
@@ -229,14 +225,6 @@ impl Sources {
 
     pub fn index(&self, file: usize, holder: Option<&str>) -> usize {
         self.index[&(file, holder.map(str::to_string))]
-    }
-}
-
-/// The directory holding a chunk: the checkpoint's own, or a sibling.
-pub(crate) fn holder_dir(dir: &Path, holder: Option<&str>) -> PathBuf {
-    match holder {
-        Some(h) => zerohop::storage::atomic::parent_of(dir).join(h),
-        None => dir.to_path_buf(),
     }
 }
 

@@ -1,13 +1,12 @@
-//! Checking a checkpoint on disk without a GPU, and removing one safely.
+//! Checking a stored checkpoint without a GPU, and removing one safely.
 
-use crate::manifest::{checksum_hex, Manifest};
+use crate::manifest::checksum_hex;
 use crate::restore::Sources;
+use crate::store::Location;
 use std::hash::Hasher;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use twox_hash::XxHash3_64;
-use zerohop::storage::{atomic, sync_dir};
 use zerohop::{Error, ErrorKind, Progress, Result};
 
 /// Bytes read and hashed at a time.
@@ -22,13 +21,13 @@ pub struct Verified {
     pub referenced_chunks: usize,
 }
 
-/// Reads every chunk of the checkpoint at `dir` (following references to
+/// Reads every chunk of the checkpoint `at` (following references to
 /// parent checkpoints) with `threads` readers and checks its checksum, and
 /// checks every data file's size and header. Fails naming the first bad
 /// chunk in file order. `progress` hears of the bytes checked.
-pub fn verify(dir: &Path, threads: usize, progress: Option<Progress<'_>>) -> Result<Verified> {
-    let m = Manifest::read(dir)?;
-    let sources = Sources::open(dir, &m)?;
+pub fn verify(at: &Location, threads: usize, progress: Option<Progress<'_>>) -> Result<Verified> {
+    let m = at.manifest()?;
+    let sources = Sources::open(at, &m)?;
     let next = AtomicUsize::new(0);
     let bad: Mutex<Option<usize>> = Mutex::new(None);
     let failed: Mutex<Option<Error>> = Mutex::new(None);
@@ -68,7 +67,7 @@ pub fn verify(dir: &Path, threads: usize, progress: Option<Progress<'_>>) -> Res
         return Err(e);
     }
     if let Some(i) = bad.into_inner().unwrap() {
-        return Err(m.damaged_chunk(dir, i));
+        return Err(m.damaged_chunk(at, i));
     }
     Ok(Verified {
         chunks: m.chunks.len(),
@@ -77,58 +76,42 @@ pub fn verify(dir: &Path, threads: usize, progress: Option<Progress<'_>>) -> Res
     })
 }
 
-/// The checkpoints in the same directory as `dir` that reference it (as
+/// The checkpoints in the same store as `at` that reference it (as
 /// parent, or for stored chunks).
-pub fn dependents(dir: &Path) -> Result<Vec<String>> {
-    let name = dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| Error::invalid(format!("{} has no usable name", dir.display())))?;
-    let parent = atomic::parent_of(dir);
+pub fn dependents(at: &Location) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    let listing = std::fs::read_dir(parent).map_err(|e| Error::io(parent, "cannot list", e))?;
-    for entry in listing.flatten() {
-        let path = entry.path();
-        // Dot entries are temporaries of saves in flight or crashed: a
-        // save in flight checks its parent again just before it commits.
-        let hidden = entry.file_name().to_string_lossy().starts_with('.');
-        if hidden || path == dir || !path.join(crate::MANIFEST_FILE).is_file() {
+    for name in at.store.list()? {
+        if name == at.name {
             continue;
         }
-        // A sibling whose manifest cannot be read might depend on `dir`:
-        // refuse rather than guess.
-        let m = Manifest::read(&path)?;
-        let uses = m.parent.as_deref() == Some(name)
+        // A sibling whose manifest cannot be read might depend on `at`:
+        // refuse rather than guess. (A save in flight checks its parent
+        // again just before it commits.)
+        let m = at.sibling(&name)?.manifest()?;
+        let uses = m.parent.as_deref() == Some(at.name.as_str())
             || m.chunks
                 .iter()
-                .any(|c| c.stored_in.as_deref() == Some(name));
+                .any(|c| c.stored_in.as_deref() == Some(at.name.as_str()));
         if uses {
-            out.push(entry.file_name().to_string_lossy().into_owned());
+            out.push(name);
         }
     }
-    out.sort();
     Ok(out)
 }
 
-/// Deletes the checkpoint at `dir`, refusing while another checkpoint
-/// still needs its chunks. The directory is first renamed to a temporary
-/// name, so a crash mid-delete never leaves a half checkpoint that looks
-/// whole.
-pub fn remove(dir: &Path) -> Result<()> {
-    Manifest::read(dir)?;
-    let deps = dependents(dir)?;
+/// Deletes the checkpoint `at`, refusing while another checkpoint still
+/// needs its chunks.
+pub fn remove(at: &Location) -> Result<()> {
+    at.manifest()?;
+    let deps = dependents(at)?;
     if !deps.is_empty() {
         return Err(Error::new(
             ErrorKind::AlreadyExists,
             format!(
-                "{} is still needed by checkpoint(s) {}: remove those first",
-                dir.display(),
+                "{at} is still needed by checkpoint(s) {}: remove those first",
                 deps.join(", ")
             ),
         ));
     }
-    let tmp = atomic::temp_sibling(dir)?;
-    std::fs::rename(dir, &tmp).map_err(|e| Error::io(dir, "cannot move aside", e))?;
-    sync_dir(atomic::parent_of(dir))?;
-    std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, "cannot remove", e))
+    at.store.remove(&at.name)
 }

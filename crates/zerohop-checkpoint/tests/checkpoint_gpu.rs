@@ -3,14 +3,16 @@
 //! a plain `cargo test`; scripts/gpu.sh runs it with `--include-ignored` on
 //! the accelerator machine, where a missing GPU fails it.
 
+mod by_dir;
 #[path = "../../zerohop/tests/common/mod.rs"]
 mod common;
 
+use by_dir::{restore, save, verify};
 use common::{pattern, TestDir};
 use std::sync::Arc;
 use zerohop::device::CudaDevice;
 use zerohop::{DeviceBuffer, Engine, EngineConfig};
-use zerohop_checkpoint::{restore, save, verify, ChecksumSite, Region, SaveOptions};
+use zerohop_checkpoint::{ChecksumSite, Region, SaveOptions};
 
 fn gpu_engine() -> Engine {
     match CudaDevice::open(0) {
@@ -64,7 +66,7 @@ fn the_gpu_hashes_chunks_as_the_host_does() {
         .unwrap();
     let child = dir.path("child");
     let opts = SaveOptions {
-        parent: Some(full.clone()),
+        parent: Some(by_dir::at(&full)),
         ..SaveOptions::default()
     };
     let saved = save(&e, &regions, &child, &opts, None).unwrap();

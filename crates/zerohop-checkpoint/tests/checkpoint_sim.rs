@@ -1,9 +1,11 @@
 //! Checkpoints on the simulated device: round trips, damage detection,
 //! incremental saves, out-of-space, and leftovers of crashed saves.
 
+mod by_dir;
 #[path = "../../zerohop/tests/common/mod.rs"]
 mod common;
 
+use by_dir::{remove, restore, restore_into, save, verify};
 use common::{pattern, TestDir};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,10 +15,7 @@ use zerohop::staging::StagingConfig;
 use zerohop::storage::PwriteBackend;
 use zerohop::testing::{FaultyWriteBackend, SimConfig, SimDevice, WriteFault};
 use zerohop::{Device, DeviceBuffer, Engine, EngineConfig, ErrorKind};
-use zerohop_checkpoint::{
-    remove, restore, restore_into, save, verify, ChecksumSite, Manifest, Region, Restored,
-    SaveOptions, MANIFEST_FILE,
-};
+use zerohop_checkpoint::{ChecksumSite, Manifest, Region, Restored, SaveOptions, MANIFEST_FILE};
 
 const CHUNK: u64 = 16 << 10;
 
@@ -289,7 +288,7 @@ fn device_and_host_checksums_agree() {
     );
     let b = dir.path("by-host");
     let child = SaveOptions {
-        parent: Some(a.clone()),
+        parent: Some(by_dir::at(&a)),
         ..opts()
     };
     let saved_b = save(&on_host, &b_regions, &b, &child, None).unwrap();
@@ -340,7 +339,7 @@ fn incremental_saves_write_only_changed_chunks() {
         .unwrap();
     let b = dir.path("step-2");
     let child = SaveOptions {
-        parent: Some(a.clone()),
+        parent: Some(by_dir::at(&a)),
         ..opts()
     };
     let saved = save(&e, &regions, &b, &child, None).unwrap();
@@ -368,7 +367,7 @@ fn incremental_saves_write_only_changed_chunks() {
     // directly.
     let c = dir.path("step-3");
     let grandchild = SaveOptions {
-        parent: Some(b.clone()),
+        parent: Some(by_dir::at(&b)),
         ..opts()
     };
     let saved3 = save(&e, &regions, &c, &grandchild, None).unwrap();
@@ -488,7 +487,7 @@ fn incremental_after_resize_and_duplicate_names() {
         regions[last].tensor = None;
         let child = dir.path(&format!("step-{step}"));
         let opts = SaveOptions {
-            parent: Some(parent.clone()),
+            parent: Some(by_dir::at(&parent)),
             ..one.clone()
         };
         let saved = save(&e, &regions, &child, &opts, None).unwrap();
@@ -523,7 +522,7 @@ fn engine_geometry_and_parent_location_are_checked() {
     let other = TestDir::new("geometry-other");
     save(&e, &regions, &other.path("p"), &opts(), None).unwrap();
     let far_parent = SaveOptions {
-        parent: Some(other.path("p")),
+        parent: Some(by_dir::at(&other.path("p"))),
         ..opts()
     };
     let err = save(&e, &regions, &dir.path("b"), &far_parent, None).unwrap_err();

@@ -6,26 +6,29 @@ use crate::size::human_bytes;
 use crate::verify::{compare_with_files, Placed};
 use clap::Subcommand;
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use zerohop::safetensors::{self, Allocation};
+use zerohop::staging::StagingConfig;
 use zerohop::storage::SourceFile;
 use zerohop::{Engine, Error, ErrorKind, Result, TransferStats};
-use zerohop_checkpoint::{self as ckpt, Manifest, Region, SaveOptions};
+use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions};
 
 #[derive(Subcommand, Debug)]
 pub enum CheckpointCommand {
     /// Load safetensors files into device memory and save their tensors as
-    /// a checkpoint at DIR (a new directory).
+    /// a new checkpoint: a directory, or s3://bucket/[prefix/]NAME.
     Save {
         /// A safetensors file whose tensors to checkpoint; repeat for several.
         #[arg(long = "from", required = true)]
         from: Vec<PathBuf>,
-        /// The new checkpoint's directory (must not exist yet).
-        dir: PathBuf,
+        /// The new checkpoint (must not exist yet): a directory, or
+        /// s3://bucket/[prefix/]NAME.
+        at: String,
         /// Save incrementally against this sibling checkpoint: unchanged
-        /// chunks are referenced, not rewritten (default: none, a full save).
+        /// chunks are referenced, not rewritten (on S3, parts of them are
+        /// copied by the server) (default: none, a full save).
         #[arg(long)]
-        parent: Option<PathBuf>,
+        parent: Option<String>,
         /// Data files to spread the tensors over (default: one per I/O thread).
         #[arg(long)]
         shards: Option<usize>,
@@ -37,8 +40,8 @@ pub enum CheckpointCommand {
     },
     /// Restore a checkpoint into fresh device memory, checking every chunk.
     Restore {
-        /// The checkpoint's directory.
-        dir: PathBuf,
+        /// The checkpoint: a directory, or s3://bucket/[prefix/]NAME.
+        at: String,
         /// Also compare the restored tensors with this safetensors file (by
         /// tensor name); repeat for several (default: none).
         #[arg(long)]
@@ -51,8 +54,8 @@ pub enum CheckpointCommand {
     },
     /// Check every chunk's checksum and every data file (no GPU needed).
     Verify {
-        /// The checkpoint's directory.
-        dir: PathBuf,
+        /// The checkpoint: a directory, or s3://bucket/[prefix/]NAME.
+        at: String,
         /// Reader threads.
         #[arg(long, default_value_t = 8)]
         threads: usize,
@@ -60,24 +63,29 @@ pub enum CheckpointCommand {
         #[arg(long)]
         json: bool,
     },
-    /// List a checkpoint's entries and sizes.
+    /// List a checkpoint's entries and sizes; or, given a place holding
+    /// checkpoints (a directory, s3://bucket/[prefix/]), the checkpoints.
     Ls {
-        /// The checkpoint's directory.
-        dir: PathBuf,
+        /// A checkpoint, or where checkpoints are.
+        at: String,
         /// Print the manifest as JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Delete a checkpoint, refused while another one still needs its chunks.
     Rm {
-        /// The checkpoint's directory.
-        dir: PathBuf,
+        /// The checkpoint: a directory, or s3://bucket/[prefix/]NAME.
+        at: String,
+        /// Remove the objects an S3 save left without a manifest (it died);
+        /// only once no save under that name is running.
+        #[arg(long)]
+        unfinished: bool,
     },
 }
 
 #[derive(Serialize)]
 struct SaveReport<'a> {
-    dir: String,
+    at: String,
     entries: usize,
     bytes: u64,
     written_bytes: u64,
@@ -87,32 +95,50 @@ struct SaveReport<'a> {
     transfer: &'a TransferStats,
 }
 
+/// Where checkpoints are only read or removed, the default part size.
+fn locate_to_read(at: &str) -> Result<Location> {
+    zerohop_s3::checkpoint_at(at, StagingConfig::default().slot_bytes as u64)
+}
+
 pub fn run(cmd: CheckpointCommand) -> Result<()> {
     match cmd {
         CheckpointCommand::Save {
             from,
-            dir,
+            at,
             parent,
             shards,
             engine,
             json,
-        } => save(&engine.engine()?, &from, &dir, parent, shards, json),
+        } => {
+            let mut config = engine.config();
+            if zerohop_s3::is_s3_url(&at) {
+                config.staging = zerohop_s3::staging_for_uploads(config.staging);
+            }
+            let engine = Engine::new(engine.open_device()?, config)?;
+            let slot = engine.config().staging.slot_bytes as u64;
+            let at = zerohop_s3::checkpoint_at(&at, slot)?;
+            let parent = parent
+                .map(|p| zerohop_s3::checkpoint_at(&p, slot))
+                .transpose()?;
+            save(&engine, &from, &at, parent, shards, json)
+        }
         CheckpointCommand::Restore {
-            dir,
+            at,
             against,
             engine,
             json,
-        } => restore(&engine.engine()?, &dir, &against, json),
-        CheckpointCommand::Verify { dir, threads, json } => {
-            let total = Manifest::read(&dir)?.bytes();
+        } => restore(&engine.engine()?, &locate_to_read(&at)?, &against, json),
+        CheckpointCommand::Verify { at, threads, json } => {
+            let at = locate_to_read(&at)?;
+            let total = at.manifest()?.bytes();
             let bar = bytes_bar("verifying", total, json);
             let progress = |n| bar.inc(n);
-            let v = ckpt::verify(&dir, threads, Some(&progress))?;
+            let v = ckpt::verify(&at, threads, Some(&progress))?;
             bar.finish_and_clear();
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"dir": dir, "ok": true, "chunks": v.chunks, "bytes": v.bytes, "referenced_chunks": v.referenced_chunks})
+                    serde_json::json!({"at": at.to_string(), "ok": true, "chunks": v.chunks, "bytes": v.bytes, "referenced_chunks": v.referenced_chunks})
                 );
             } else {
                 println!(
@@ -131,22 +157,47 @@ pub fn run(cmd: CheckpointCommand) -> Result<()> {
             }
             Ok(())
         }
-        CheckpointCommand::Ls { dir, json } => ls(&dir, json),
-        CheckpointCommand::Rm { dir } => {
-            ckpt::remove(&dir)?;
-            println!("removed {}", dir.display());
+        CheckpointCommand::Ls { at, json } => ls(&at, json),
+        CheckpointCommand::Rm { at, unfinished } => {
+            let at = locate_to_read(&at)?;
+            if unfinished {
+                remove_unfinished(&at)?;
+                println!("removed what an unfinished save left at {at}");
+            } else {
+                ckpt::remove(&at)?;
+                println!("removed {at}");
+            }
             Ok(())
         }
     }
 }
 
-/// Loads the tensors of the safetensors files `from` and saves them as a
-/// checkpoint at `dir`.
+/// Removes the objects a save that died left under `at`, which must have
+/// no manifest. Local saves leave nothing under the checkpoint's name.
+fn remove_unfinished(at: &Location) -> Result<()> {
+    if !zerohop_s3::is_s3_url(&at.to_string()) {
+        return Err(Error::invalid(format!(
+            "{at}: --unfinished is for object stores; a local save that dies leaves only \
+             a temporary directory, which the next save removes"
+        )));
+    }
+    match at.manifest() {
+        Ok(_) => Err(Error::new(
+            ErrorKind::AlreadyExists,
+            format!("{at} is a committed checkpoint: remove it without --unfinished"),
+        )),
+        Err(e) if e.kind() == ErrorKind::NotFound => at.store.remove(&at.name),
+        Err(e) => Err(e),
+    }
+}
+
+/// Loads the tensors of the safetensors files `from` and saves them as
+/// the checkpoint `at`.
 pub fn save(
     engine: &Engine,
     from: &[PathBuf],
-    dir: &Path,
-    parent: Option<PathBuf>,
+    at: &Location,
+    parent: Option<Location>,
     shards: Option<usize>,
     json: bool,
 ) -> Result<()> {
@@ -164,12 +215,12 @@ pub fn save(
         shards,
         ..SaveOptions::default()
     };
-    let saved = ckpt::save(engine, &regions, dir, &opts, Some(&progress))?;
+    let saved = ckpt::save(engine, &regions, at, &opts, Some(&progress))?;
     bar.finish_and_clear();
     let gbps = bytes as f64 / saved.seconds / 1e9;
     if json {
         let report = SaveReport {
-            dir: dir.display().to_string(),
+            at: at.to_string(),
             entries: regions.len(),
             bytes,
             written_bytes: saved.written_bytes,
@@ -187,11 +238,11 @@ pub fn save(
             "saved    {} entries ({}) to {} in {} data files",
             regions.len(),
             human_bytes(bytes),
-            dir.display(),
+            at,
             saved.manifest.files.len()
         );
         println!(
-            "time     {:.3} s to durable (data, manifest and directory synced), {gbps:.2} GB/s",
+            "time     {:.3} s to durable (data, then the manifest that commits it), {gbps:.2} GB/s",
             saved.seconds
         );
         let skipped = saved.stats.skipped_bytes;
@@ -200,8 +251,13 @@ pub fn save(
             human_bytes(saved.written_bytes),
             if skipped > 0 {
                 format!(
-                    " ({} unchanged, referenced from the parent)",
-                    human_bytes(skipped)
+                    " ({} unchanged, referenced from the parent{})",
+                    human_bytes(skipped),
+                    if saved.stats.remote_bytes > 0 {
+                        "; the server copied those parts"
+                    } else {
+                        ""
+                    }
                 )
             } else {
                 String::new()
@@ -213,13 +269,13 @@ pub fn save(
     Ok(())
 }
 
-/// Restores the checkpoint at `dir`, and compares it with the safetensors
+/// Restores the checkpoint `at`, and compares it with the safetensors
 /// files `against` if any.
-pub fn restore(engine: &Engine, dir: &Path, against: &[PathBuf], json: bool) -> Result<()> {
-    let manifest = Manifest::read(dir)?;
+pub fn restore(engine: &Engine, at: &Location, against: &[PathBuf], json: bool) -> Result<()> {
+    let manifest = at.manifest()?;
     let bar = bytes_bar("restoring", manifest.bytes(), json);
     let progress = |n| bar.inc(n);
-    let r = ckpt::restore(engine, dir, Some(&progress))?;
+    let r = ckpt::restore(engine, at, Some(&progress))?;
     bar.finish_and_clear();
     let mut matches = None;
     if !against.is_empty() {
@@ -255,7 +311,7 @@ pub fn restore(engine: &Engine, dir: &Path, against: &[PathBuf], json: bool) -> 
     if json {
         println!(
             "{}",
-            serde_json::json!({"dir": dir, "entries": r.buffers.len(), "matches": matches, "transfer": s})
+            serde_json::json!({"at": at.to_string(), "entries": r.buffers.len(), "matches": matches, "transfer": s})
         );
     } else {
         println!(
@@ -286,8 +342,13 @@ pub fn restore(engine: &Engine, dir: &Path, against: &[PathBuf], json: bool) -> 
     }
 }
 
-fn ls(dir: &Path, json: bool) -> Result<()> {
-    let m = Manifest::read(dir)?;
+fn ls(name: &str, json: bool) -> Result<()> {
+    let at = locate_to_read(name)?;
+    let m = match at.manifest() {
+        Ok(m) => m,
+        Err(e) if e.kind() == ErrorKind::NotFound => return ls_store(name, json, e),
+        Err(e) => return Err(e),
+    };
     if json {
         println!(
             "{}",
@@ -297,7 +358,7 @@ fn ls(dir: &Path, json: bool) -> Result<()> {
     }
     println!(
         "{}: {} entries, {} in {} data files, {} chunks of {}{}",
-        dir.display(),
+        at,
         m.entries.len(),
         human_bytes(m.bytes()),
         m.files.len(),
@@ -318,6 +379,49 @@ fn ls(dir: &Path, json: bool) -> Result<()> {
     let referenced = m.chunks.iter().filter(|c| c.stored_in.is_some()).count();
     if referenced > 0 {
         println!("{referenced} chunks are stored in parent checkpoints");
+    }
+    Ok(())
+}
+
+/// Lists the checkpoints in the store `name` names (a directory, or
+/// `s3://bucket/[prefix/]`); `missing` is the error if there are none.
+fn ls_store(name: &str, json: bool, missing: Error) -> Result<()> {
+    let Ok(store) = zerohop_s3::checkpoints_in(name, StagingConfig::default().slot_bytes as u64)
+    else {
+        return Err(missing);
+    };
+    let names = store.list()?;
+    if names.is_empty() {
+        return Err(missing);
+    }
+    let mut rows = Vec::new();
+    for n in names {
+        let m = Location::new(store.clone(), n.clone())?.manifest()?;
+        rows.push((n, m));
+    }
+    if json {
+        let list: Vec<_> = rows
+            .iter()
+            .map(|(n, m)| {
+                serde_json::json!({"name": n, "entries": m.entries.len(), "bytes": m.bytes(), "parent": m.parent})
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"store": store.describe(), "checkpoints": list})
+        );
+        return Ok(());
+    }
+    println!("{}: {} checkpoints", store.describe(), rows.len());
+    println!("{:>10}  {:>7}  {:<24} PARENT", "SIZE", "ENTRIES", "NAME");
+    for (n, m) in &rows {
+        println!(
+            "{:>10}  {:>7}  {:<24} {}",
+            human_bytes(m.bytes()),
+            m.entries.len(),
+            n,
+            m.parent.as_deref().unwrap_or("-")
+        );
     }
     Ok(())
 }

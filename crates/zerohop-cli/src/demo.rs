@@ -9,6 +9,7 @@ use crate::size::{human_bytes, ByteSize};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use zerohop::{Error, Result};
+use zerohop_checkpoint::Location;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -71,12 +72,12 @@ fn steps(a: &DemoArgs, dir: &Path) -> Result<()> {
     checkpoint::save(
         &engine,
         std::slice::from_ref(&model),
-        &ck,
+        &Location::dir(&ck)?,
         None,
         None,
         false,
     )?;
-    checkpoint::restore(&engine, &ck, &[model], false)
+    checkpoint::restore(&engine, &Location::dir(&ck)?, &[model], false)
 }
 
 /// Ctrl-C (SIGINT) or SIGTERM removes `dir` and ends the process with the

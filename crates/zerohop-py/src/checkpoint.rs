@@ -1,14 +1,15 @@
 //! Checkpoints of tensors: save, list, restore in place, verify.
 
-use crate::engines::{engine, Place};
+use crate::engines::{engine, upload_engine, Place};
 use crate::errors::to_py;
 use crate::progress::Reporter;
 use crate::transfers::{finish, parse_dtype};
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use zerohop::staging::StagingConfig;
 use zerohop::{DeviceBuffer, Error, Result};
-use zerohop_checkpoint::{self as ckpt, Manifest, Region, SaveOptions};
+use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions};
+use zerohop_s3::{checkpoint_at, checkpoints_in};
 
 /// An entry as the Python half describes it: name, dtype and shape (both
 /// None for raw bytes), address, bytes.
@@ -17,23 +18,28 @@ type EntrySpec = (String, Option<String>, Option<Vec<u64>>, u64, u64);
 /// A saved entry: name, dtype and shape (None for raw bytes), bytes.
 type EntryInfo = (String, Option<String>, Option<Vec<u64>>, u64);
 
-/// Saves entries of `device` as a new checkpoint at `dir`, incrementally
-/// against `parent` if given. Returns the save's stats as JSON, with the
+/// Saves entries of `device` as the new checkpoint `at` (a directory or
+/// `s3://bucket/[prefix/]NAME`), incrementally against `parent` if given. Returns the save's stats as JSON, with the
 /// seconds until durable and the bytes actually written.
 #[pyfunction]
-#[pyo3(signature = (device, dir, entries, parent=None, metadata=None, stream=None, progress=None))]
+#[pyo3(signature = (device, at, entries, parent=None, metadata=None, stream=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn checkpoint_save(
     py: Python<'_>,
     device: &str,
-    dir: PathBuf,
+    at: String,
     entries: Vec<EntrySpec>,
-    parent: Option<PathBuf>,
+    parent: Option<String>,
     metadata: Option<BTreeMap<String, String>>,
     stream: Option<u64>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<(String, f64, u64)> {
-    let engine = py.detach(|| engine(Place::parse(device)?))?;
+    let place = Place::parse(device)?;
+    let engine = if zerohop_s3::is_s3_url(&at) {
+        py.detach(|| upload_engine(place))?
+    } else {
+        py.detach(|| engine(place))?
+    };
     let total = entries.iter().map(|e| e.4).sum();
     let reporter = Reporter::new(progress.as_ref(), "saving", total)?;
     let saved = py.detach(|| {
@@ -54,12 +60,14 @@ pub fn checkpoint_save(
                 }
             })
             .collect::<Result<Vec<_>>>()?;
+        let slot = engine.config().staging.slot_bytes as u64;
+        let at = checkpoint_at(&at, slot)?;
         let opts = SaveOptions {
-            parent,
+            parent: parent.map(|p| checkpoint_at(&p, slot)).transpose()?,
             metadata: metadata.unwrap_or_default(),
             ..SaveOptions::default()
         };
-        reporter.with(|progress| ckpt::save(&engine, &regions, &dir, &opts, progress))
+        reporter.with(|progress| ckpt::save(&engine, &regions, &at, &opts, progress))
     });
     let (seconds, written) = saved
         .as_ref()
@@ -72,9 +80,9 @@ pub fn checkpoint_save(
 #[pyfunction]
 pub fn checkpoint_entries(
     py: Python<'_>,
-    dir: PathBuf,
+    at: String,
 ) -> PyResult<(BTreeMap<String, String>, Vec<EntryInfo>)> {
-    let m = py.detach(|| Manifest::read(&dir)).map_err(to_py)?;
+    let m = py.detach(|| to_read(&at)?.manifest()).map_err(to_py)?;
     let entries = m
         .entries
         .into_iter()
@@ -83,14 +91,14 @@ pub fn checkpoint_entries(
     Ok((m.metadata, entries))
 }
 
-/// Restores the checkpoint at `dir` in place into `targets` of `device`,
+/// Restores the checkpoint `at` in place into `targets` of `device`,
 /// each (entry name, address, bytes); every chunk's checksum is checked.
 #[pyfunction]
-#[pyo3(signature = (device, dir, targets, stream=None, progress=None))]
+#[pyo3(signature = (device, at, targets, stream=None, progress=None))]
 pub fn checkpoint_restore(
     py: Python<'_>,
     device: &str,
-    dir: PathBuf,
+    at: String,
     targets: Vec<(String, u64, u64)>,
     stream: Option<u64>,
     progress: Option<Bound<'_, PyAny>>,
@@ -107,29 +115,63 @@ pub fn checkpoint_restore(
                 Ok((name.as_str(), b))
             })
             .collect::<Result<Vec<(&str, DeviceBuffer)>>>()?;
-        reporter.with(|progress| ckpt::restore_into(&engine, &dir, &buffers, progress))
+        let at = to_read(&at)?;
+        reporter.with(|progress| ckpt::restore_into(&engine, &at, &buffers, progress))
     });
     finish(reporter, stats)
 }
 
-/// Checks every checksum of the checkpoint at `dir` without a GPU; returns
+/// Checks every checksum of the checkpoint `at` without a GPU; returns
 /// (chunks, bytes) checked.
 #[pyfunction]
-#[pyo3(signature = (dir, progress=None))]
+#[pyo3(signature = (at, progress=None))]
 pub fn checkpoint_verify(
     py: Python<'_>,
-    dir: PathBuf,
+    at: String,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<(usize, u64)> {
-    let total = Manifest::read(&dir).map_err(to_py)?.bytes();
+    let at = py.detach(|| to_read(&at)).map_err(to_py)?;
+    let total = py.detach(|| at.manifest()).map_err(to_py)?.bytes();
     let reporter = Reporter::new(progress.as_ref(), "verifying", total)?;
     let verified = py.detach(|| {
-        reporter.with(|progress| ckpt::verify(&dir, zerohop::machine::available_cpus(), progress))
+        reporter.with(|progress| ckpt::verify(&at, zerohop::machine::available_cpus(), progress))
     });
     let ok = verified.is_ok();
     reporter.finish(ok)?;
     let v = verified.map_err(to_py)?;
     Ok((v.chunks, v.bytes))
+}
+
+/// A listed checkpoint: name, parent, entries, bytes.
+type Listed = (String, Option<String>, usize, u64);
+
+/// The checkpoints in `store` (a directory or `s3://bucket/[prefix/]`),
+/// sorted.
+#[pyfunction]
+pub fn checkpoint_list(py: Python<'_>, store: String) -> PyResult<Vec<Listed>> {
+    py.detach(|| {
+        let store = checkpoints_in(&store, StagingConfig::default().slot_bytes as u64)?;
+        store
+            .list()?
+            .into_iter()
+            .map(|name| {
+                let m = Location::new(store.clone(), name.clone())?.manifest()?;
+                Ok((name, m.parent.clone(), m.entries.len(), m.bytes()))
+            })
+            .collect::<Result<Vec<_>>>()
+    })
+    .map_err(to_py)
+}
+
+/// Removes the checkpoint `at`, refused while another needs its chunks.
+#[pyfunction]
+pub fn checkpoint_remove(py: Python<'_>, at: String) -> PyResult<()> {
+    py.detach(|| ckpt::remove(&to_read(&at)?)).map_err(to_py)
+}
+
+/// The checkpoint `at` names, to read or remove (no part size matters).
+fn to_read(at: &str) -> Result<Location> {
+    checkpoint_at(at, StagingConfig::default().slot_bytes as u64)
 }
 
 /// XXH3-64 of each (address, bytes) buffer of `device`, as a checkpoint

@@ -80,10 +80,22 @@ pub fn per_place<T>(
 /// The engine for `place`, made on first use.
 pub fn engine(place: Place) -> PyResult<Arc<Engine>> {
     static ENGINES: PerPlace<Engine> = OnceLock::new();
-    per_place(&ENGINES, place, || make_engine(place))
+    per_place(&ENGINES, place, || make_engine(place, |c| c))
 }
 
-fn make_engine(place: Place) -> PyResult<Engine> {
+/// The engine for `place` that writes to object stores (its slots are
+/// parts S3 accepts), made on first use.
+pub fn upload_engine(place: Place) -> PyResult<Arc<Engine>> {
+    static ENGINES: PerPlace<Engine> = OnceLock::new();
+    per_place(&ENGINES, place, || {
+        make_engine(place, |c| EngineConfig {
+            staging: zerohop_s3::staging_for_uploads(c.staging),
+            ..c
+        })
+    })
+}
+
+fn make_engine(place: Place, adjust: fn(EngineConfig) -> EngineConfig) -> PyResult<Engine> {
     match place {
         Place::Cuda(n) => {
             // The hot-route measurement is shared with the CLI's.
@@ -92,10 +104,10 @@ fn make_engine(place: Place) -> PyResult<Engine> {
                 ..EngineConfig::default()
             };
             let device = open_gpu(n).map_err(to_py)?;
-            Engine::new(Arc::new(device), config)
+            Engine::new(Arc::new(device), adjust(config))
         }
-        Place::Host => Engine::new(Arc::new(HostDevice::new()), host_config()),
-        Place::Sim => Engine::new(sim_device()?, host_config()),
+        Place::Host => Engine::new(Arc::new(HostDevice::new()), adjust(host_config())),
+        Place::Sim => Engine::new(sim_device()?, adjust(host_config())),
     }
     .map_err(to_py)
 }

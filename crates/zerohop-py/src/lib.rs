@@ -37,6 +37,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_entries, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_restore, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_verify, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::checkpoint_list, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::checkpoint_remove, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checksums, m)?)?;
     m.add_function(wrap_pyfunction!(suspend::heap_alloc, m)?)?;
     m.add_function(wrap_pyfunction!(suspend::heap_free, m)?)?;

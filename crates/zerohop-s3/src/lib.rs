@@ -1,5 +1,7 @@
 //! Object storage for zerohop: S3-compatible stores (AWS S3, Ceph RGW,
-//! MinIO and others) as a source of loads beside local files.
+//! MinIO and others) as a source of loads beside local files, a sink of
+//! the engine's writes, and a store of checkpoints
+//! ([`S3CheckpointStore`]).
 //!
 //! An object opens as a [`zerohop::storage::SourceFile`] whose reads are
 //! ranged GETs ([`open_sources`]): the engine reads it into its staging
@@ -10,6 +12,7 @@
 //! files, as AWS tools read them ([`S3Config::from_env`]).
 #![forbid(unsafe_code)]
 
+mod checkpoints;
 mod client;
 mod config;
 pub mod ini;
@@ -19,10 +22,14 @@ mod retry;
 mod sink;
 mod source;
 
+pub use checkpoints::{
+    checkpoint_at, checkpoint_location, checkpoint_location_with, checkpoint_store, checkpoints_in,
+    S3CheckpointStore,
+};
 pub use client::{error_field, ObjectEntry, ObjectInfo, S3Client};
 pub use config::{AddressingStyle, S3Config};
 pub use location::{is_s3_url, S3Url};
 pub use multipart::{MultipartUpload, MAX_PARTS, MIN_PART_BYTES};
 pub use retry::RetryPolicy;
-pub use sink::create_object;
+pub use sink::{create_object, staging_for_uploads, UPLOAD_SLOT_BYTES};
 pub use source::{expand, expand_with_config, head, open_sources, open_sources_with};

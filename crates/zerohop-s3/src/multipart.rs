@@ -4,9 +4,12 @@
 //! leaves nothing a reader can see.
 
 use crate::client::{
-    header, parse_xml, refused_create, S3Client, MAX_ERROR_BODY, SIGNATURE_LIFETIME,
+    error_field, header, parse_xml, refused_create, Failure, S3Client, MAX_ERROR_BODY,
+    SIGNATURE_LIFETIME,
 };
+use crate::location::S3Url;
 use rusty_s3::actions::{CreateMultipartUpload, S3Action};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use zerohop::{Error, ErrorKind, Result};
 
@@ -65,6 +68,73 @@ impl MultipartUpload {
     /// at least [`MIN_PART_BYTES`]). Safe to call from several threads at
     /// once; sending a number again replaces that part.
     pub fn upload_part(&self, number: u16, bytes: &[u8]) -> Result<()> {
+        self.send_part(number, |c, what| {
+            let url = c
+                .bucket
+                .upload_part(c.credentials.as_ref(), &self.key, number, &self.upload_id)
+                .sign(SIGNATURE_LIFETIME);
+            let resp = c.classify(what, c.agent.put(url.as_str()).send(bytes))?;
+            header(&resp, "etag").map(str::to_string).ok_or_else(|| {
+                Error::new(ErrorKind::Io, format!("{what}: no ETag for part {number}")).into()
+            })
+        })
+    }
+
+    /// Makes part `number` a server-side copy of `range` of object
+    /// `source` in the same bucket (S3's UploadPartCopy): no bytes pass
+    /// through us. As [`MultipartUpload::upload_part`] otherwise.
+    pub fn copy_part(&self, number: u16, source: &str, range: Range<u64>) -> Result<()> {
+        let copy_source = format!("/{}/{}", self.client.bucket.name(), encode_key(source));
+        let copy_range = format!("bytes={}-{}", range.start, range.end - 1);
+        self.send_part(number, |c, what| {
+            let mut action =
+                c.bucket
+                    .upload_part(c.credentials.as_ref(), &self.key, number, &self.upload_id);
+            // Signed, as S3 wants every x-amz-* header it is sent.
+            action
+                .headers_mut()
+                .insert("x-amz-copy-source", copy_source.clone());
+            action
+                .headers_mut()
+                .insert("x-amz-copy-source-range", copy_range.clone());
+            let url = action.sign(SIGNATURE_LIFETIME);
+            let mut resp = c.classify(
+                what,
+                c.agent
+                    .put(url.as_str())
+                    .header("x-amz-copy-source", &copy_source)
+                    .header("x-amz-copy-source-range", &copy_range)
+                    .send_empty(),
+            )?;
+            // A copy can fail after S3 answered 200: the error is the body.
+            let body = parse_xml(
+                &mut resp,
+                MAX_ERROR_BODY,
+                what,
+                "the server's answer to a part copy",
+                |text: &str| Ok::<_, std::convert::Infallible>(text.to_string()),
+            )?;
+            match (error_field(&body, "ETag"), error_field(&body, "Code")) {
+                (Some(etag), None) => Ok(etag.replace("&quot;", "\"")),
+                (_, Some(code)) => Err(Failure::Final(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "{what}: copying {source} {copy_range} into part {number} failed: {code}"
+                    ),
+                ))),
+                (None, None) => Err(Failure::Passing(format!(
+                    "no ETag in the answer to copying part {number}"
+                ))),
+            }
+        })
+    }
+
+    /// Sends part `number` with `send` (retried), recording its ETag.
+    fn send_part(
+        &self,
+        number: u16,
+        send: impl Fn(&S3Client, &S3Url) -> std::result::Result<String, Failure>,
+    ) -> Result<()> {
         if !(1..=MAX_PARTS).contains(&number) {
             return Err(Error::invalid(format!(
                 "part number {number}: S3 numbers parts 1 to {MAX_PARTS}"
@@ -72,16 +142,7 @@ impl MultipartUpload {
         }
         let c = &self.client;
         let what = c.url(&self.key);
-        let etag = c.with_retries(&what, || {
-            let url = c
-                .bucket
-                .upload_part(c.credentials.as_ref(), &self.key, number, &self.upload_id)
-                .sign(SIGNATURE_LIFETIME);
-            let resp = c.classify(&what, c.agent.put(url.as_str()).send(bytes))?;
-            header(&resp, "etag").map(str::to_string).ok_or_else(|| {
-                Error::new(ErrorKind::Io, format!("{what}: no ETag for part {number}")).into()
-            })
-        })?;
+        let etag = c.with_retries(&what, || send(c, &what))?;
         let mut etags = self.etags.lock().unwrap_or_else(|p| p.into_inner());
         let i = usize::from(number) - 1;
         if etags.len() <= i {
@@ -158,4 +219,18 @@ impl Drop for MultipartUpload {
             let _ = self.send_abort();
         }
     }
+}
+
+/// `key` as the path of an `x-amz-copy-source` header: percent-encoded,
+/// but for the characters a URL path keeps as they are.
+fn encode_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

@@ -4,7 +4,8 @@
 use crate::client::{to_io, S3Client};
 use crate::location::S3Url;
 use crate::multipart::{MultipartUpload, MAX_PARTS, MIN_PART_BYTES};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use zerohop::staging::StagingConfig;
 use zerohop::storage::{RemoteSink, SinkFile};
 use zerohop::{Error, Result};
 
@@ -18,7 +19,16 @@ struct ObjectSink {
     len: u64,
     part_bytes: u64,
     only_if_new: bool,
+    /// An object of the same bucket whose ranges a part filtered out is
+    /// copied from.
+    copy_from: Option<String>,
+    /// Where the key goes once the object is complete.
+    completed: Option<Completed>,
 }
+
+/// The keys of objects completed, for a caller that may have to delete
+/// them again (and must not touch objects it did not complete).
+pub(crate) type Completed = Arc<Mutex<Vec<String>>>;
 
 impl RemoteSink for ObjectSink {
     fn part_bytes(&self) -> u64 {
@@ -35,12 +45,18 @@ impl RemoteSink for ObjectSink {
                 self.part_bytes
             )));
         }
-        let upload = self.upload.read().unwrap_or_else(|p| p.into_inner());
-        let upload = upload
-            .as_ref()
-            .ok_or_else(|| std::io::Error::other("the object was already finished"))?;
-        let number = (offset / self.part_bytes + 1) as u16;
-        upload.upload_part(number, buf).map_err(to_io)
+        self.with_upload(|upload| upload.upload_part(self.number(offset), buf))
+    }
+
+    fn copy_part(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        let source = self.copy_from.as_deref().ok_or_else(|| {
+            std::io::Error::other(format!(
+                "the part at {offset} was filtered out, and no object to copy it from was named"
+            ))
+        })?;
+        self.with_upload(|upload| {
+            upload.copy_part(self.number(offset), source, offset..offset + len)
+        })
     }
 
     fn finish(&self) -> std::io::Result<()> {
@@ -54,13 +70,50 @@ impl RemoteSink for ObjectSink {
         if self.len == 0 {
             // A multipart upload needs a part: an empty object is one PUT.
             upload.abort().map_err(to_io)?;
-            return self
-                .client
+            self.client
                 .put(&self.key, &[], self.only_if_new)
-                .map(drop)
-                .map_err(to_io);
+                .map_err(to_io)?;
+        } else {
+            upload.complete(self.only_if_new).map_err(to_io)?;
         }
-        upload.complete(self.only_if_new).map(drop).map_err(to_io)
+        if let Some(done) = &self.completed {
+            done.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(self.key.clone());
+        }
+        Ok(())
+    }
+}
+
+impl ObjectSink {
+    fn number(&self, offset: u64) -> u16 {
+        (offset / self.part_bytes + 1) as u16
+    }
+
+    fn with_upload(&self, f: impl FnOnce(&MultipartUpload) -> Result<()>) -> std::io::Result<()> {
+        let upload = self.upload.read().unwrap_or_else(|p| p.into_inner());
+        let upload = upload
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("the object was already finished"))?;
+        f(upload).map_err(to_io)
+    }
+}
+
+/// Slot size for engines that upload: S3's parts are the engine's staging
+/// slots, and every part but the last must hold 5 MiB. 8 MiB is the AWS
+/// CLI's part size.
+pub const UPLOAD_SLOT_BYTES: usize = 8 << 20;
+
+/// `staging` fit for uploads: slots under S3's smallest part become
+/// [`UPLOAD_SLOT_BYTES`], within the same total (at least two slots).
+pub fn staging_for_uploads(staging: StagingConfig) -> StagingConfig {
+    if staging.slot_bytes >= MIN_PART_BYTES {
+        return staging;
+    }
+    StagingConfig {
+        slot_bytes: UPLOAD_SLOT_BYTES,
+        total_bytes: staging.total_bytes.max(2 * UPLOAD_SLOT_BYTES) / UPLOAD_SLOT_BYTES
+            * UPLOAD_SLOT_BYTES,
     }
 }
 
@@ -70,13 +123,29 @@ impl RemoteSink for ObjectSink {
 /// and at most 10,000 parts). Nothing is visible until the write returns;
 /// a write that fails, or a sink dropped unfinished, leaves no object
 /// (its upload is aborted). With `only_if_new`, an existing object is not
-/// replaced: the write fails instead.
+/// replaced: the write fails instead. Parts a write filter keeps none of
+/// are copied, server-side, from the same range of object `copy_from` of
+/// the bucket (an incremental save's parent); without it they fail.
 pub fn create_object(
     client: Arc<S3Client>,
     url: &S3Url,
     len: u64,
     part_bytes: u64,
     only_if_new: bool,
+    copy_from: Option<&str>,
+) -> Result<SinkFile> {
+    object_sink(client, url, len, part_bytes, only_if_new, copy_from, None)
+}
+
+/// As [`create_object`], noting the key in `completed` once complete.
+pub(crate) fn object_sink(
+    client: Arc<S3Client>,
+    url: &S3Url,
+    len: u64,
+    part_bytes: u64,
+    only_if_new: bool,
+    copy_from: Option<&str>,
+    completed: Option<Completed>,
 ) -> Result<SinkFile> {
     let parts = len.div_ceil(part_bytes.max(1));
     if part_bytes == 0 || (parts > 1 && part_bytes < MIN_PART_BYTES as u64) {
@@ -99,6 +168,33 @@ pub fn create_object(
         len,
         part_bytes,
         only_if_new,
+        copy_from: copy_from.map(str::to_string),
+        completed,
     };
     Ok(SinkFile::remote(url.to_string(), len, Box::new(sink)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upload_staging_has_parts_s3_accepts_within_the_total() {
+        let small = StagingConfig {
+            total_bytes: 128 << 20,
+            slot_bytes: 4 << 20,
+        };
+        let fit = staging_for_uploads(small);
+        assert_eq!((fit.slot_bytes, fit.total_bytes), (8 << 20, 128 << 20));
+        let tiny = StagingConfig {
+            total_bytes: 8 << 20,
+            slot_bytes: 1 << 20,
+        };
+        assert_eq!(staging_for_uploads(tiny).total_bytes, 16 << 20);
+        let big = StagingConfig {
+            total_bytes: 96 << 20,
+            slot_bytes: 16 << 20,
+        };
+        assert_eq!(staging_for_uploads(big), big);
+    }
 }

@@ -92,23 +92,28 @@ fn open_with<P: AsRef<Path>>(mut clients: Clients, names: &[P]) -> Result<Vec<So
                              expand it first)"
                         )));
                     }
-                    let client = clients.get(&url.bucket)?;
-                    let info = client.head(&url.key)?;
-                    let object = ObjectSource {
-                        client,
-                        key: url.key.clone(),
-                        etag: info.etag,
-                        len: info.len,
-                    };
-                    Ok(SourceFile::remote(
-                        url.to_string(),
-                        info.len,
-                        Box::new(object),
-                    ))
+                    open_object(clients.get(&url.bucket)?, &url)
                 }
             }
         })
         .collect()
+}
+
+/// The object at `url` (of `client`'s bucket), for reading: one HEAD
+/// request, for its length and the ETag every read will carry.
+pub(crate) fn open_object(client: Arc<S3Client>, url: &S3Url) -> Result<SourceFile> {
+    let info = client.head(&url.key)?;
+    let object = ObjectSource {
+        client,
+        key: url.key.clone(),
+        etag: info.etag,
+        len: info.len,
+    };
+    Ok(SourceFile::remote(
+        url.to_string(),
+        info.len,
+        Box::new(object),
+    ))
 }
 
 /// The length and ETag of the object at `url` (`s3://bucket/key`).

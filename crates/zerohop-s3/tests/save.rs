@@ -48,7 +48,7 @@ fn device_memory_becomes_an_object_of_whole_parts() {
     let e = engine();
     let len = (2 * MIN + 12345) as u64;
     let url = S3Url::parse("s3://models/ckpt/data-00000.safetensors").unwrap();
-    let files = vec![create_object(client, &url, len, MIN as u64, true).unwrap()];
+    let files = vec![create_object(client, &url, len, MIN as u64, true, None).unwrap()];
     let src = pattern(2 * MIN, 8);
     let buf = upload(&e, &src);
     let header = b"a header of host bytes".to_vec();
@@ -64,7 +64,7 @@ fn device_memory_becomes_an_object_of_whole_parts() {
     assert!(read_all(&server, &url.key) == expect);
     // `only_if_new`: a second object at the same key is refused, whole.
     let again =
-        vec![create_object(Arc::new(server.client()), &url, len, MIN as u64, true).unwrap()];
+        vec![create_object(Arc::new(server.client()), &url, len, MIN as u64, true, None).unwrap()];
     let mut plan = TransferPlan::new();
     plan.add(&again, 0, 0, 100, &buf, 0).unwrap();
     let err = e.write(&again, &plan, None, None).unwrap_err();
@@ -86,7 +86,7 @@ fn a_server_killed_during_a_write_leaves_the_previous_object() {
     let mut config = server.config();
     config.retry.attempts = 2;
     let client = Arc::new(zerohop_s3::S3Client::new(&config, "models").unwrap());
-    let files = vec![create_object(client, &url, len, MIN as u64, false).unwrap()];
+    let files = vec![create_object(client, &url, len, MIN as u64, false, None).unwrap()];
     let buf = upload(&e, &pattern(len as usize, 2));
     let mut plan = TransferPlan::new();
     plan.add(&files, 0, 0, len, &buf, 0).unwrap();
@@ -115,7 +115,7 @@ fn a_server_killed_during_a_write_leaves_the_previous_object() {
 
     // Parts smaller than S3 allows are refused before anything is sent.
     let client = Arc::new(server.client());
-    let e = create_object(client, &url, len, 1 << 20, false).unwrap_err();
+    let e = create_object(client, &url, len, 1 << 20, false, None).unwrap_err();
     assert!(e.to_string().contains("at least"), "{e}");
 }
 

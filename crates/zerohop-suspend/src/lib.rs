@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use zerohop::device::{DeviceAddr, ReservedMemory};
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Progress, Result, TransferStats};
-use zerohop_checkpoint::{self as ckpt, Region, SaveOptions, Saved};
+use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions, Saved};
 
 /// Metadata key marking a checkpoint as a suspended heap.
 pub const SUSPEND_KEY: &str = "zerohop.suspend";
@@ -164,11 +164,17 @@ impl SuspendableHeap {
             .map(|(addr, b)| Region::raw(entry_name(addr), b))
             .collect();
         let opts = SaveOptions {
-            parent: parent.map(Path::to_path_buf),
+            parent: parent.map(Location::dir).transpose()?,
             metadata: [(SUSPEND_KEY.to_string(), "1".to_string())].into(),
             ..SaveOptions::default()
         };
-        let saved = ckpt::save(&self.engine, &regions, dir, &opts, progress)?;
+        let saved = ckpt::save(
+            &self.engine,
+            &regions,
+            &Location::dir(dir)?,
+            &opts,
+            progress,
+        )?;
         drop(regions); // the borrows end before the memory goes
         heap.suspended = Some(dir.to_path_buf());
         let mut released_bytes = 0;
@@ -217,7 +223,7 @@ impl SuspendableHeap {
                 .map(String::as_str)
                 .zip(buffers.into_iter().map(|(_, b)| b))
                 .collect();
-            let stats = ckpt::restore_into(&self.engine, dir, &targets, progress)?;
+            let stats = ckpt::restore_into(&self.engine, &Location::dir(dir)?, &targets, progress)?;
             Ok(Resumed {
                 stats,
                 backing_seconds,

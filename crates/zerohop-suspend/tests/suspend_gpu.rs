@@ -100,7 +100,12 @@ fn a_suspend_is_an_ordinary_checkpoint_and_resumes_at_its_restore_rate() {
     unsafe { heap.suspend(&path, None, None) }.unwrap();
     // SAFETY: as above.
     let resumed = unsafe { heap.resume(&path, None) }.unwrap();
-    let ordinary = zerohop_checkpoint::restore(&engine, &path, None).unwrap();
+    let ordinary = zerohop_checkpoint::restore(
+        &engine,
+        &zerohop_checkpoint::Location::dir(&path).unwrap(),
+        None,
+    )
+    .unwrap();
     // Once more into the heap's memory, which the resume has touched.
     let targets: Vec<(String, zerohop::DeviceBuffer)> = heap
         .allocations()
@@ -117,7 +122,13 @@ fn a_suspend_is_an_ordinary_checkpoint_and_resumes_at_its_restore_rate() {
         .iter()
         .map(|(n, b)| (n.as_str(), b.clone()))
         .collect();
-    let again = zerohop_checkpoint::restore_into(&engine, &path, &named, None).unwrap();
+    let again = zerohop_checkpoint::restore_into(
+        &engine,
+        &zerohop_checkpoint::Location::dir(&path).unwrap(),
+        &named,
+        None,
+    )
+    .unwrap();
     eprintln!(
         "4 GiB from tmpfs, verified: resume {:.1} GB/s into the heap's new memory (backed in {:.3} s), restore {:.1} GB/s into fresh cuMemAlloc memory, {:.1} GB/s into the heap's memory again (all {})",
         resumed.stats.gbps, resumed.backing_seconds, ordinary.stats.gbps, again.gbps, ordinary.stats.path

@@ -11,14 +11,15 @@ use std::path::PathBuf;
 use std::time::Instant;
 use zerohop::cache_drop::drop_from_page_cache;
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
-use zerohop_checkpoint::{self as ckpt, Region, SaveOptions};
+use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions};
 
 #[derive(Args, Debug)]
 pub struct BenchCheckpointArgs {
     /// Device memory to checkpoint, e.g. 16GiB.
     #[arg(long, value_parser = crate::size::parse_size)]
     pub size: u64,
-    /// Directory to save into (its file system is what is measured).
+    /// Directory to save into (its file system is what is measured), or
+    /// s3://bucket/[prefix] (the object store is).
     #[arg(long)]
     pub dir: PathBuf,
     /// Size of each region (tensor) of the checkpoint.
@@ -59,9 +60,9 @@ struct Report {
 }
 
 #[derive(Serialize)]
-struct Rate {
-    how: String,
-    gbps: f64,
+pub(super) struct Rate {
+    pub how: String,
+    pub gbps: f64,
 }
 
 /// 64 MiB of random bytes; region `r` holds it rotated by a region-specific
@@ -71,6 +72,9 @@ const BLOCK: usize = 64 << 20;
 pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     if a.region == 0 || a.size == 0 {
         return Err(Error::invalid("--size and --region must be positive"));
+    }
+    if let Some(url) = a.dir.to_str().filter(|d| zerohop_s3::is_s3_url(d)) {
+        return super::checkpoint_s3::run(a, url);
     }
     let say = |s: String| {
         if !a.json {
@@ -147,7 +151,8 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     let dir = a
         .dir
         .join(format!("zerohop-bench-checkpoint-{}", std::process::id()));
-    let saved = ckpt::save(&engine, &regions, &dir, &SaveOptions::default(), None)?;
+    let at = Location::dir(&dir)?;
+    let saved = ckpt::save(&engine, &regions, &at, &SaveOptions::default(), None)?;
     let save_gbps = a.size as f64 / saved.seconds / 1e9;
     say(format!(
         "save     {save_gbps:.2} GB/s: durable after {:.2} s ({} data files, checksums and commit included) via {}",
@@ -177,7 +182,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
             ""
         }
     );
-    let restored = ckpt::restore(&engine, &dir, None)?;
+    let restored = ckpt::restore(&engine, &at, None)?;
     let restore_gbps = restored.stats.gbps;
     say(format!(
         "restore  {restore_gbps:.2} GB/s into fresh device memory, every chunk verified, via {} ({restore_cache})",
@@ -193,7 +198,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         }
     ));
     if !a.keep {
-        ckpt::remove(&dir)?;
+        ckpt::remove(&at)?;
     }
     let report = Report {
         dir: a.dir.display().to_string(),
@@ -242,7 +247,7 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     Ok(())
 }
 
-fn random_block() -> Vec<u8> {
+pub(super) fn random_block() -> Vec<u8> {
     let mut s = 0x2545_F491_4F6C_DD1Du64;
     let mut v = vec![0u8; BLOCK];
     for c in v.chunks_exact_mut(8) {
@@ -260,7 +265,12 @@ fn period(block: &[u8], r: usize) -> Vec<u8> {
     [&block[rot..], &block[..rot]].concat()
 }
 
-fn fill_regions(engine: &Engine, size: u64, region: u64, block: &[u8]) -> Result<Vec<Region>> {
+pub(super) fn fill_regions(
+    engine: &Engine,
+    size: u64,
+    region: u64,
+    block: &[u8],
+) -> Result<Vec<Region>> {
     let mut regions = Vec::new();
     let mut left = size;
     while left > 0 {
@@ -278,7 +288,7 @@ fn fill_regions(engine: &Engine, size: u64, region: u64, block: &[u8]) -> Result
     Ok(regions)
 }
 
-fn compare(
+pub(super) fn compare(
     engine: &Engine,
     restored: &ckpt::Restored,
     regions: &[Region],

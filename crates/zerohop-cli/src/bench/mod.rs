@@ -4,6 +4,7 @@
 mod agent;
 mod agent_stress;
 mod checkpoint;
+mod checkpoint_s3;
 mod load;
 mod raw_io;
 mod raw_read;
@@ -16,7 +17,7 @@ pub enum BenchCommand {
     /// Time loads of FILE against the pinned H2D limit and the raw read rate.
     Load(load::BenchLoadArgs),
     /// Save device memory as a checkpoint and restore it, against the raw
-    /// write and read rates of the same directory.
+    /// write and read rates of the same directory (or object store).
     Checkpoint(checkpoint::BenchCheckpointArgs),
     /// Read FILE into this process's memory through the I/O agent (another
     /// process) against the in-process engine, same run.

@@ -159,8 +159,8 @@ fn wait(fence: &dyn Fence, profile: &mut WorkerProfile) -> Result<()> {
 }
 
 /// Waits for a window's copies, then writes what the filter keeps: to a
-/// local file, those ranges; to a remote object, the whole part, which the
-/// filter may look at (to checksum it) but not thin out.
+/// local file, those ranges; to a remote object, the whole part, unless
+/// the filter keeps none of it.
 fn finish(
     job: &WriteJob<'_>,
     w: &mut WriteWorker<'_>,
@@ -181,20 +181,25 @@ fn finish(
             fill_gaps(slot, &runs);
             file.overlay_host_bytes(win.start, slot);
             let keep = kept_ranges(job, win, slot, &runs, &mut out.profile)?;
-            let kept: u64 = keep.iter().map(|r| r.end - r.start).sum();
-            if kept != win.payload() {
-                return Err(Error::invalid(format!(
-                    "{}: a remote object is written in whole parts; a write filter may not \
-                     skip bytes of it",
-                    file.path().display()
-                )));
-            }
             let t = Instant::now();
-            object
-                .write_part(win.start, slot)
-                .map_err(|e| write_error(file, win.start, win.needed, e))?;
+            // A part is sent whole if the filter keeps any of it; one it
+            // keeps none of (copied device bytes, and no header) the object
+            // fills itself.
+            let filtered_out = keep.is_empty()
+                && win.payload() > 0
+                && !file.holds_host_bytes_in(win.start, win.needed);
+            if filtered_out {
+                object
+                    .copy_part(win.start, win.needed)
+                    .map_err(|e| write_error(file, win.start, win.needed, e))?;
+                out.skipped += win.payload();
+            } else {
+                object
+                    .write_part(win.start, slot)
+                    .map_err(|e| write_error(file, win.start, win.needed, e))?;
+                out.remote += win.payload();
+            }
             out.profile.io_seconds += t.elapsed().as_secs_f64();
-            out.remote += kept;
         }
         Origin::Local(fds) => {
             let keep = kept_ranges(job, win, slot, &runs, &mut out.profile)?;

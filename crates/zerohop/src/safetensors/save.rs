@@ -81,18 +81,17 @@ pub fn layout(tensors: &[TensorToSave], metadata: &BTreeMap<String, String>) -> 
 }
 
 impl FileLayout {
-    /// Creates the file at `path` (which must not exist), writes the header
-    /// through `engine`'s write backend, pushes the file onto `files` and
-    /// adds the tensors' device ranges to `plan` for it.
+    /// Writes the header into `file` (new, `file_len` bytes long) through
+    /// `engine`'s write backend, pushes the file onto `files` and adds the
+    /// tensors' device ranges to `plan` for it.
     pub fn start_file(
         &self,
         engine: &Engine,
-        path: &Path,
+        file: SinkFile,
         tensors: &[TensorToSave],
         files: &mut Vec<SinkFile>,
         plan: &mut TransferPlan,
     ) -> Result<()> {
-        let file = SinkFile::create_new(path, self.file_len)?;
         engine.write_host_bytes(&file, 0, &self.header)?;
         files.push(file);
         let index = files.len() - 1;
@@ -127,7 +126,8 @@ pub fn save_safetensors(
     let written = (|| {
         let mut files = Vec::new();
         let mut plan = TransferPlan::new();
-        layout.start_file(engine, &tmp, tensors, &mut files, &mut plan)?;
+        let file = SinkFile::create_new(&tmp, layout.file_len)?;
+        layout.start_file(engine, file, tensors, &mut files, &mut plan)?;
         let stats = engine.write(&files, &plan, None, progress)?;
         atomic::commit(&tmp, path)?;
         Ok(stats)

@@ -23,6 +23,18 @@ pub trait RemoteSink: Send + Sync + std::fmt::Debug {
     /// `part_bytes`): `buf` is all of it. Parts may come from several
     /// threads, in any order.
     fn write_part(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Fills the `len` bytes of the part at `offset` without the engine's
+    /// bytes, when a write filter kept none of them (an incremental save
+    /// found them unchanged): a store copies them, server-side, from an
+    /// object it was told of. A sink that cannot refuses, and the write
+    /// fails.
+    fn copy_part(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = len;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("the part at {offset} was filtered out, and this object cannot copy it from elsewhere"),
+        ))
+    }
     /// Makes the object whole and visible, once every part was written.
     /// An object never finished (dropped) never appears.
     fn finish(&self) -> io::Result<()>;
@@ -95,6 +107,15 @@ impl SinkFile {
         }
         kept.push((offset, bytes.to_vec()));
         Ok(())
+    }
+
+    /// Whether kept host bytes fall in the `len` bytes from `start`.
+    pub(crate) fn holds_host_bytes_in(&self, start: u64, len: u64) -> bool {
+        self.host_bytes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|(at, bytes)| *at < start + len && start < at + bytes.len() as u64)
     }
 
     /// Lays the kept host bytes that fall in `part` (the object's bytes

@@ -1,0 +1,263 @@
+//! `zerohop bench checkpoint --dir s3://bucket/prefix`: a checkpoint saved
+//! to an object store and restored, beside the server's raw multipart
+//! upload and ranged GET rates measured in the same run, and the process's
+//! host memory while it saves and restores.
+
+use super::checkpoint::{compare, fill_regions, random_block, BenchCheckpointArgs, Rate};
+use super::raw_io::raw_read;
+use crate::size::human_bytes;
+use serde::Serialize;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zerohop::storage::{BackendKind, IoMode};
+use zerohop::{Engine, Error, ErrorKind, Result, TransferStats};
+use zerohop_checkpoint::{self as ckpt, SaveOptions};
+use zerohop_s3::{MultipartUpload, S3Client, S3Config, S3Url};
+
+#[derive(Serialize)]
+struct Report {
+    at: String,
+    bytes: u64,
+    device: String,
+    part_bytes: u64,
+    /// Parallel multipart uploads of parts from RAM.
+    raw_upload: Vec<Rate>,
+    /// Parallel ranged GETs of the saved data objects.
+    raw_get: Vec<Rate>,
+    save_gbps: f64,
+    seconds_to_durable: f64,
+    restore_gbps: f64,
+    contents_match: bool,
+    save_ratio_to_raw_upload: f64,
+    restore_ratio_to_raw_get: f64,
+    staging_bytes: u64,
+    /// Growth of the process's resident memory over its size before the
+    /// save (the restore), at its highest while saving (restoring).
+    save_rss_growth_bytes: u64,
+    restore_rss_growth_bytes: u64,
+    checksums: String,
+    save: TransferStats,
+    restore: TransferStats,
+}
+
+pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
+    let say = |s: String| {
+        if !a.json {
+            println!("{s}")
+        }
+    };
+    let mut config = a.engine.config();
+    config.staging = zerohop_s3::staging_for_uploads(config.staging);
+    let engine = Engine::new(a.engine.open_device()?, config)?;
+    let threads = engine.config().io_threads;
+    let part = engine.config().staging.slot_bytes;
+    let root = S3Url::parse(url.trim_end_matches('/'))?;
+    let client = Arc::new(S3Client::new(&S3Config::from_env()?, &root.bucket)?);
+    let name = format!("zerohop-bench-checkpoint-{}", std::process::id());
+    let prefix = if root.key.is_empty() {
+        String::new()
+    } else {
+        format!("{}/", root.key)
+    };
+    say(format!("device   {}", engine.device().describe()));
+    say(format!(
+        "target   {url} ({} to save, parts of {})",
+        human_bytes(a.size),
+        human_bytes(part as u64)
+    ));
+
+    let mut raw_upload = Vec::new();
+    for t in [threads, 2 * threads] {
+        let gbps = upload_rate(&client, &format!("{prefix}{name}-raw"), a.size, part, t)?;
+        say(format!(
+            "limit    raw multipart upload ({t} objects in parallel, parts of {} from RAM): {gbps:.2} GB/s",
+            human_bytes(part as u64)
+        ));
+        raw_upload.push(Rate {
+            how: format!("multipart upload x{t}"),
+            gbps,
+        });
+    }
+    let best_upload = raw_upload.iter().map(|r| r.gbps).fold(0.0, f64::max);
+
+    let block = random_block();
+    let regions = fill_regions(&engine, a.size, a.region, &block)?;
+    let at =
+        zerohop_s3::checkpoint_at(&format!("s3://{}/{prefix}{name}", root.bucket), part as u64)?;
+    let rss_before = resident_bytes();
+    let (saved, save_peak) =
+        while_sampling_rss(|| ckpt::save(&engine, &regions, &at, &SaveOptions::default(), None));
+    let saved = saved?;
+    let save_gbps = a.size as f64 / saved.seconds / 1e9;
+    say(format!(
+        "save     {save_gbps:.2} GB/s: committed after {:.2} s ({} data objects, checksums included) via {}",
+        saved.seconds,
+        saved.manifest.files.len(),
+        saved.stats.path
+    ));
+    say(format!("checksum {}", saved.checksums));
+
+    let objects: Vec<String> = saved
+        .manifest
+        .files
+        .iter()
+        .map(|f| format!("s3://{}/{prefix}{name}/{}", root.bucket, f.name))
+        .collect();
+    let paths: Vec<&Path> = objects.iter().map(Path::new).collect();
+    let mut raw_get = Vec::new();
+    for t in [threads, 2 * threads] {
+        let r = raw_read(&paths, BackendKind::Auto, IoMode::Buffered, t, part)?;
+        say(format!(
+            "limit    raw ranged GETs ({t} in flight, {} each, the saved objects): {:.2} GB/s",
+            human_bytes(part as u64),
+            r.gbps
+        ));
+        raw_get.push(Rate {
+            how: format!("ranged GETs x{t}"),
+            gbps: r.gbps,
+        });
+    }
+    let best_get = raw_get.iter().map(|r| r.gbps).fold(0.0, f64::max);
+
+    let rss_before_restore = resident_bytes();
+    let (restored, restore_peak) = while_sampling_rss(|| ckpt::restore(&engine, &at, None));
+    let restored = restored?;
+    let restore_gbps = restored.stats.gbps;
+    say(format!(
+        "restore  {restore_gbps:.2} GB/s into fresh device memory, every chunk verified, via {}",
+        restored.stats.path
+    ));
+    let contents_match = compare(&engine, &restored, &regions, &block)?;
+    let restore_stats = restored.stats.clone();
+    drop(restored);
+    if !a.keep {
+        ckpt::remove(&at)?;
+    }
+    let report = Report {
+        at: at.to_string(),
+        bytes: a.size,
+        device: engine.device().describe(),
+        part_bytes: part as u64,
+        raw_upload,
+        raw_get,
+        save_gbps,
+        seconds_to_durable: saved.seconds,
+        restore_gbps,
+        contents_match,
+        save_ratio_to_raw_upload: save_gbps / best_upload,
+        restore_ratio_to_raw_get: restore_gbps / best_get,
+        staging_bytes: saved.stats.staging_bytes,
+        save_rss_growth_bytes: save_peak.saturating_sub(rss_before),
+        restore_rss_growth_bytes: restore_peak.saturating_sub(rss_before_restore),
+        checksums: saved.checksums.to_string(),
+        save: saved.stats,
+        restore: restore_stats,
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("report serializes")
+        );
+    } else {
+        println!(
+            "result   save {save_gbps:.2} GB/s = {:.1}% of the best raw multipart upload ({best_upload:.2}); restore {restore_gbps:.2} GB/s = {:.1}% of the best raw ranged GETs ({best_get:.2})",
+            100.0 * report.save_ratio_to_raw_upload,
+            100.0 * report.restore_ratio_to_raw_get,
+        );
+        println!(
+            "host     resident memory grew by at most {} while saving and {} while restoring; staging {}{}",
+            human_bytes(report.save_rss_growth_bytes),
+            human_bytes(report.restore_rss_growth_bytes),
+            human_bytes(report.staging_bytes),
+            if engine.device().describe().starts_with("host") {
+                " (a restore into host memory allocates the data itself there)"
+            } else {
+                ""
+            }
+        );
+    }
+    if !contents_match {
+        return Err(Error::new(
+            ErrorKind::Integrity,
+            "restored contents differ from what was saved",
+        ));
+    }
+    Ok(())
+}
+
+/// The rate of `threads` multipart uploads in parallel, together `bytes`
+/// long, each part sent from one buffer of `part` bytes in RAM; the
+/// objects (under `prefix`) are deleted afterwards.
+fn upload_rate(
+    client: &Arc<S3Client>,
+    prefix: &str,
+    bytes: u64,
+    part: usize,
+    threads: usize,
+) -> Result<f64> {
+    let parts = bytes.div_ceil(part as u64) as usize;
+    let threads = threads.clamp(1, parts.max(1));
+    let t = Instant::now();
+    let keys = std::thread::scope(|s| -> Result<Vec<String>> {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                // Object i's share of the parts, all objects within one.
+                let mine = parts / threads + usize::from(i < parts % threads);
+                s.spawn(move || -> Result<String> {
+                    let key = format!("{prefix}/{i:05}");
+                    let upload = MultipartUpload::start(client.clone(), &key)?;
+                    let buf = vec![i as u8 ^ 0x5a; part];
+                    for n in 1..=mine {
+                        upload.upload_part(n as u16, &buf)?;
+                    }
+                    upload.complete(false)?;
+                    Ok(key)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::invalid("uploader panicked")))
+            })
+            .collect()
+    });
+    let seconds = t.elapsed().as_secs_f64();
+    let keys = keys?;
+    for k in &keys {
+        client.delete(k)?;
+    }
+    Ok((parts * part) as f64 / seconds / 1e9)
+}
+
+/// Runs `f` while another thread samples the process's resident memory;
+/// returns `f`'s result and the highest sample.
+fn while_sampling_rss<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = resident_bytes();
+            while !done.load(Ordering::Relaxed) {
+                peak = peak.max(resident_bytes());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            peak.max(resident_bytes())
+        });
+        let out = f();
+        done.store(true, Ordering::Relaxed);
+        (out, sampler.join().unwrap_or(0))
+    })
+}
+
+/// The process's resident memory (VmRSS), 0 where it cannot be read.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
