@@ -112,7 +112,7 @@ pub fn run(cmd: CheckpointCommand) -> Result<()> {
         } => {
             let mut config = engine.config();
             if zerohop_s3::is_s3_url(&at) {
-                config.staging = zerohop_s3::staging_for_uploads(config.staging);
+                config = zerohop_s3::config_for_uploads(config);
             }
             let engine = Engine::new(engine.open_device()?, config)?;
             let slot = engine.config().staging.slot_bytes as u64;

@@ -88,10 +88,7 @@ pub fn engine(place: Place) -> PyResult<Arc<Engine>> {
 pub fn upload_engine(place: Place) -> PyResult<Arc<Engine>> {
     static ENGINES: PerPlace<Engine> = OnceLock::new();
     per_place(&ENGINES, place, || {
-        make_engine(place, |c| EngineConfig {
-            staging: zerohop_s3::staging_for_uploads(c.staging),
-            ..c
-        })
+        make_engine(place, zerohop_s3::config_for_uploads)
     })
 }
 

@@ -31,5 +31,5 @@ pub use config::{AddressingStyle, S3Config};
 pub use location::{is_s3_url, S3Url};
 pub use multipart::{MultipartUpload, MAX_PARTS, MIN_PART_BYTES};
 pub use retry::RetryPolicy;
-pub use sink::{create_object, staging_for_uploads, UPLOAD_SLOT_BYTES};
+pub use sink::{config_for_uploads, create_object, UPLOAD_SLOT_BYTES};
 pub use source::{expand, expand_with_config, head, open_sources, open_sources_with};

@@ -48,8 +48,7 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
             println!("{s}")
         }
     };
-    let mut config = a.engine.config();
-    config.staging = zerohop_s3::staging_for_uploads(config.staging);
+    let config = zerohop_s3::config_for_uploads(a.engine.config());
     let engine = Engine::new(a.engine.open_device()?, config)?;
     let threads = engine.config().io_threads;
     let part = engine.config().staging.slot_bytes;
