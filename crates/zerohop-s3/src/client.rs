@@ -228,7 +228,7 @@ impl S3Client {
     /// otherwise an `AlreadyExists` error). Returns the new ETag.
     pub fn put(&self, key: &str, bytes: &[u8], only_if_new: bool) -> Result<String> {
         let what = self.url(key);
-        self.with_retries(&what, || {
+        self.create_once(key, Some(md5_hex(&[bytes])), || {
             let url = self
                 .bucket
                 .put_object(self.credentials.as_ref(), key)
@@ -312,6 +312,32 @@ impl S3Client {
                 .collect();
             Ok((entries, parsed.next_continuation_token))
         })
+    }
+
+    /// Runs `attempt`, a request creating object `key` (a conditional PUT,
+    /// a completion) that fails when repeated, as [`S3Client::with_retries`]
+    /// does; but where a retry fails, an earlier attempt may have succeeded
+    /// with its answer lost: if the object's ETag is now `etag` (the one
+    /// the request makes), that attempt's work is the result.
+    pub(crate) fn create_once(
+        &self,
+        key: &str,
+        etag: Option<String>,
+        mut attempt: impl FnMut() -> Result<String, Failure>,
+    ) -> Result<String> {
+        let what = self.url(key);
+        let mut tries = 0;
+        let result = self.with_retries(&what, || {
+            tries += 1;
+            attempt()
+        });
+        match (result, etag) {
+            (Err(e), Some(etag)) if tries > 1 => match self.head(key) {
+                Ok(info) if unquoted(&info.etag) == etag => Ok(info.etag),
+                _ => Err(e),
+            },
+            (result, _) => result,
+        }
     }
 
     /// Runs `attempt` until it succeeds, fails for good, or has been tried
@@ -465,6 +491,36 @@ pub(crate) fn parse_xml<T, E: std::fmt::Display>(
     })
 }
 
+/// An ETag without its quotes.
+fn unquoted(etag: &str) -> &str {
+    etag.trim_matches('"')
+}
+
+/// The MD5 of `pieces` run together, in hex: a single PUT's ETag.
+pub(crate) fn md5_hex(pieces: &[&[u8]]) -> String {
+    use md5::Digest;
+    let mut h = md5::Md5::new();
+    pieces.iter().for_each(|p| h.update(p));
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The ETag S3 gives an object completed from parts with these ETags: the
+/// MD5 of their MD5s, then `-` and the count. `None` where a part's ETag
+/// is not an MD5 (objects encrypted with KMS keys, say).
+pub(crate) fn multipart_etag(parts: &[&str]) -> Option<String> {
+    let mut digests = Vec::with_capacity(parts.len() * 16);
+    for p in parts {
+        let hex = unquoted(p);
+        if hex.len() != 32 {
+            return None;
+        }
+        for i in (0..32).step_by(2) {
+            digests.push(u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()?);
+        }
+    }
+    Some(format!("{}-{}", md5_hex(&[&digests]), parts.len()))
+}
+
 pub(crate) fn header<'r>(resp: &'r Response<Body>, name: &str) -> Option<&'r str> {
     resp.headers().get(name).and_then(|v| v.to_str().ok())
 }
@@ -482,6 +538,28 @@ pub fn error_field(body: &str, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etags_are_computed_as_s3_computes_them() {
+        assert_eq!(md5_hex(&[b""]), "d41d8cd98f00b204e9800998ecf8427e");
+        assert_eq!(md5_hex(&[b"ab", b"c"]), md5_hex(&[b"abc"]));
+        let parts = [
+            md5_hex(&[b"first"]),
+            format!("\"{}\"", md5_hex(&[b"second"])),
+        ];
+        let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+        let mut both = Vec::new();
+        for p in ["first", "second"] {
+            use md5::Digest;
+            both.extend_from_slice(&md5::Md5::digest(p.as_bytes()));
+        }
+        assert_eq!(
+            multipart_etag(&parts).unwrap(),
+            format!("{}-2", md5_hex(&[&both]))
+        );
+        assert_eq!(multipart_etag(&["not-an-md5"]), None);
+        assert_eq!(multipart_etag(&["zz".repeat(16).as_str()]), None);
+    }
 
     #[test]
     fn error_fields_are_read_from_s3_error_documents() {

@@ -4,8 +4,8 @@
 //! leaves nothing a reader can see.
 
 use crate::client::{
-    error_field, header, parse_xml, refused_create, Failure, S3Client, MAX_ERROR_BODY,
-    SIGNATURE_LIFETIME,
+    error_field, header, multipart_etag, parse_xml, refused_create, Failure, S3Client,
+    MAX_ERROR_BODY, SIGNATURE_LIFETIME,
 };
 use crate::location::S3Url;
 use rusty_s3::actions::{CreateMultipartUpload, S3Action};
@@ -169,7 +169,7 @@ impl MultipartUpload {
         let etags: Vec<&str> = etags.iter().flatten().map(String::as_str).collect();
         let c = &self.client;
         let what = c.url(&self.key);
-        let result = c.with_retries(&what, || {
+        let result = c.create_once(&self.key, multipart_etag(&etags), || {
             let action = c.bucket.complete_multipart_upload(
                 c.credentials.as_ref(),
                 &self.key,

@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::{pattern, Server, MIN};
+use common::{config_for, pattern, FaultProxy, Server, MIN};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use zerohop::device::HostDevice;
@@ -262,4 +263,60 @@ fn a_failed_save_leaves_no_checkpoint_and_the_previous_one_loads() {
     .unwrap_err();
     assert!(err.to_string().contains("must be a sibling"), "{err}");
     assert_eq!(good.store.list().unwrap(), ["bad", "good"]);
+}
+
+#[test]
+fn saves_and_restores_ride_out_throttling_and_dropped_connections() {
+    let server = Server::start("ckpt-faults");
+    let proxy = FaultProxy::start(server.port);
+    let url = "s3://models/ckpts/flaky";
+    let at = checkpoint_location_with(&config_for(&proxy.endpoint()), url, MIN as u64).unwrap();
+    let e = &engines()[0];
+    let data = contents();
+    let f = &proxy.faults;
+    // Throttled requests, new connections cut, then, once data flows,
+    // answers cut on the pooled connections: of part uploads, of the
+    // completions and of the manifest's conditional create, whose retries
+    // find the work done (the object's ETag is the one the request makes).
+    f.slow_down.store(2, Ordering::SeqCst);
+    f.cut_after.store(100, Ordering::SeqCst);
+    f.cuts.store(2, Ordering::SeqCst);
+    let armed = std::sync::atomic::AtomicBool::new(false);
+    let cut_later = |_: u64| {
+        if !armed.swap(true, Ordering::SeqCst) {
+            f.cut_answers.store(3, Ordering::SeqCst);
+        }
+    };
+    save(e, &regions(e, &data), &at, &opts(None), Some(&cut_later)).unwrap();
+    f.cut_answers.store(2, Ordering::SeqCst);
+    assert_holds(e, &at, &data);
+    assert_eq!(f.slow_down.load(Ordering::SeqCst), 0);
+    assert_eq!(f.cuts.load(Ordering::SeqCst), 0);
+    assert_eq!(f.cut_answers.load(Ordering::SeqCst), 0);
+    assert_eq!(at.store.list().unwrap(), ["flaky"]);
+}
+
+#[test]
+fn a_create_whose_answer_was_lost_is_recognised_by_its_etag() {
+    let server = Server::start("ckpt-lost-answers");
+    let proxy = FaultProxy::start(server.port);
+    let client = zerohop_s3::S3Client::new(&config_for(&proxy.endpoint()), "models").unwrap();
+    let f = &proxy.faults;
+    // A conditional create done, its answer cut: the retry is refused
+    // (the object exists), and the object is found to be this one.
+    client.put("warm-up", b"x", false).unwrap();
+    f.cut_answers.store(1, Ordering::SeqCst);
+    client.put("manifest.json", b"ours", true).unwrap();
+    assert_eq!(f.cut_answers.load(Ordering::SeqCst), 0);
+    // Another's object under the name is still refused.
+    let err = client.put("manifest.json", b"theirs", true).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists, "{err}");
+    // A completion done, its answer cut: the same.
+    let upload = zerohop_s3::MultipartUpload::start(Arc::new(client), "big").unwrap();
+    upload.upload_part(1, &pattern(MIN, 9)).unwrap();
+    upload.upload_part(2, &pattern(100, 9)).unwrap();
+    f.cut_answers.store(1, Ordering::SeqCst);
+    upload.complete(true).unwrap();
+    assert_eq!(f.cut_answers.load(Ordering::SeqCst), 0);
+    assert_eq!(server.client().head("big").unwrap().len, MIN as u64 + 100);
 }

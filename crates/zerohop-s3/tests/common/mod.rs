@@ -144,6 +144,9 @@ pub struct Faults {
     /// This many connections are cut after `cut_after` response bytes.
     pub cuts: AtomicUsize,
     pub cut_after: AtomicU64,
+    /// This many answers, on any connection, are cut after a few bytes
+    /// (connections are pooled: this reaches those already open).
+    pub cut_answers: AtomicUsize,
     /// Connections accepted so far.
     pub accepted: AtomicUsize,
 }
@@ -164,15 +167,12 @@ impl FaultProxy {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { return };
                 f.accepted.fetch_add(1, Ordering::SeqCst);
-                let take = |n: &AtomicUsize| {
-                    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
-                        .is_ok()
-                };
                 if take(&f.slow_down) {
                     std::thread::spawn(move || slow_down(conn));
                 } else {
                     let cut = take(&f.cuts).then(|| f.cut_after.load(Ordering::SeqCst));
-                    std::thread::spawn(move || forward(conn, upstream, cut));
+                    let f = f.clone();
+                    std::thread::spawn(move || forward(conn, upstream, cut, &f));
                 }
             }
         });
@@ -205,9 +205,15 @@ fn slow_down(mut conn: TcpStream) {
     let _ = conn.shutdown(Shutdown::Both);
 }
 
+/// Takes one from `n` if it is not zero.
+fn take(n: &AtomicUsize) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
+        .is_ok()
+}
+
 /// Relays a connection; with `cut`, closes it after that many bytes of the
-/// server's responses.
-fn forward(client: TcpStream, upstream: u16, cut: Option<u64>) {
+/// server's responses, and whenever `faults` asks to cut an answer.
+fn forward(client: TcpStream, upstream: u16, cut: Option<u64>, faults: &Faults) {
     let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
         return;
     };
@@ -225,6 +231,10 @@ fn forward(client: TcpStream, upstream: u16, cut: Option<u64>) {
             Ok(n) => n,
         };
         let allowed = cut.map_or(n as u64, |c| (c - sent).min(n as u64)) as usize;
+        if take(&faults.cut_answers) {
+            let _ = c_write.write_all(&buf[..allowed.min(12)]);
+            break;
+        }
         if c_write.write_all(&buf[..allowed]).is_err() {
             break;
         }
