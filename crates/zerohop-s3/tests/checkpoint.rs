@@ -5,14 +5,13 @@
 
 mod common;
 
-use common::{config_for, pattern, FaultProxy, Server, MIN};
+use common::{config_for, pattern, upload_engine, FaultProxy, Server, MIN};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use zerohop::device::HostDevice;
-use zerohop::staging::StagingConfig;
 use zerohop::testing::{SimConfig, SimDevice};
-use zerohop::{Device, DeviceBuffer, Engine, EngineConfig, ErrorKind};
+use zerohop::{DeviceBuffer, Engine, ErrorKind};
 use zerohop_checkpoint::{
     remove, restore, save, verify, ChecksumSite, Location, Manifest, Region, SaveOptions,
 };
@@ -20,19 +19,6 @@ use zerohop_s3::checkpoint_location_with;
 
 /// One checksum per MiB: S3's smallest parts (the slots) hold five.
 const CHUNK: u64 = 1 << 20;
-
-/// Slots of S3's smallest part, three workers, on `device`.
-fn engine_on(device: Arc<dyn Device>) -> Engine {
-    let config = EngineConfig {
-        staging: StagingConfig {
-            total_bytes: 6 * MIN,
-            slot_bytes: MIN,
-        },
-        io_threads: 3,
-        ..EngineConfig::default()
-    };
-    Engine::new(device, config).unwrap()
-}
 
 /// A device that hashes chunks itself (simulated), and one that cannot
 /// (the host hashes them in staging).
@@ -42,8 +28,8 @@ fn engines() -> [Engine; 2] {
         ..SimConfig::default()
     });
     [
-        engine_on(Arc::new(sim)),
-        engine_on(Arc::new(HostDevice::new())),
+        upload_engine(Arc::new(sim)),
+        upload_engine(Arc::new(HostDevice::new())),
     ]
 }
 

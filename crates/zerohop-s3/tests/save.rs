@@ -5,25 +5,15 @@
 
 mod common;
 
-use common::{pattern, Server, MIN};
+use common::{pattern, upload_engine, Server, MIN};
 use std::sync::Arc;
 use zerohop::device::HostDevice;
 use zerohop::plan::TransferPlan;
-use zerohop::staging::StagingConfig;
-use zerohop::{DeviceBuffer, Engine, EngineConfig, ErrorKind};
+use zerohop::{DeviceBuffer, Engine, ErrorKind};
 use zerohop_s3::{create_object, S3Url};
 
-/// Slots of S3's smallest part, three workers.
 fn engine() -> Engine {
-    let config = EngineConfig {
-        staging: StagingConfig {
-            total_bytes: 6 * MIN,
-            slot_bytes: MIN,
-        },
-        io_threads: 3,
-        ..EngineConfig::default()
-    };
-    Engine::new(Arc::new(HostDevice::new()), config).unwrap()
+    upload_engine(Arc::new(HostDevice::new()))
 }
 
 fn upload(e: &Engine, data: &[u8]) -> DeviceBuffer {

@@ -220,23 +220,37 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         save: saved.stats,
         restore: restored.stats,
     };
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("report serializes")
-        );
-    } else {
-        println!(
+    let text = [
+        format!(
             "result   save {save_gbps:.2} GB/s = {:.1}% of the best raw write ({best_write:.2}), {:.1}% of the best raw write from RAM ({best_write_from_ram:.2}); restore {restore_gbps:.2} GB/s = {:.1}% of the raw read ({best_read:.2})",
             100.0 * report.save_ratio_to_raw_write,
             100.0 * report.save_ratio_to_raw_write_from_ram,
             100.0 * report.restore_ratio_to_raw_read
-        );
-        println!(
+        ),
+        format!(
             "host     staging held: {} (bound: {})",
             human_bytes(report.staging_bytes),
             human_bytes(engine.config().staging.total_bytes as u64)
+        ),
+    ];
+    conclude(a.json, &report, &text, contents_match)
+}
+
+/// Prints `report` as JSON, or else the `text` lines; an error if the
+/// restored contents did not match what was saved.
+pub(super) fn conclude(
+    json: bool,
+    report: &impl Serialize,
+    text: &[String],
+    contents_match: bool,
+) -> Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(report).expect("report serializes")
         );
+    } else {
+        text.iter().for_each(|line| println!("{line}"));
     }
     if !contents_match {
         return Err(Error::new(

@@ -3,7 +3,7 @@
 //! upload and ranged GET rates measured in the same run, and the process's
 //! host memory while it saves and restores.
 
-use super::checkpoint::{compare, fill_regions, random_block, BenchCheckpointArgs, Rate};
+use super::checkpoint::{compare, conclude, fill_regions, random_block, BenchCheckpointArgs, Rate};
 use super::raw_io::raw_read;
 use crate::size::human_bytes;
 use serde::Serialize;
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerohop::storage::{BackendKind, IoMode};
-use zerohop::{Engine, Error, ErrorKind, Result, TransferStats};
+use zerohop::{Engine, Error, Result, TransferStats};
 use zerohop_checkpoint::{self as ckpt, SaveOptions};
 use zerohop_s3::{MultipartUpload, S3Client, S3Config, S3Url};
 
@@ -162,36 +162,26 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
         save: saved.stats,
         restore: restore_stats,
     };
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).expect("report serializes")
-        );
-    } else {
-        println!(
+    let on_host = engine.device().describe().starts_with("host");
+    let text = [
+        format!(
             "result   save {save_gbps:.2} GB/s = {:.1}% of the best raw multipart upload ({best_upload:.2}); restore {restore_gbps:.2} GB/s = {:.1}% of the best raw ranged GETs ({best_get:.2})",
             100.0 * report.save_ratio_to_raw_upload,
             100.0 * report.restore_ratio_to_raw_get,
-        );
-        println!(
+        ),
+        format!(
             "host     resident memory grew by at most {} while saving and {} while restoring; staging {}{}",
             human_bytes(report.save_rss_growth_bytes),
             human_bytes(report.restore_rss_growth_bytes),
             human_bytes(report.staging_bytes),
-            if engine.device().describe().starts_with("host") {
+            if on_host {
                 " (a restore into host memory allocates the data itself there)"
             } else {
                 ""
             }
-        );
-    }
-    if !contents_match {
-        return Err(Error::new(
-            ErrorKind::Integrity,
-            "restored contents differ from what was saved",
-        ));
-    }
-    Ok(())
+        ),
+    ];
+    conclude(a.json, &report, &text, contents_match)
 }
 
 /// The rate of `threads` multipart uploads in parallel, together `bytes`

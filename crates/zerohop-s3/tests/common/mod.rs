@@ -11,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use zerohop::staging::StagingConfig;
+use zerohop::{Device, Engine, EngineConfig};
 use zerohop_s3::{AddressingStyle, RetryPolicy, S3Client, S3Config};
 
 pub const KEY_ID: &str = "zerohop-test";
@@ -18,6 +20,19 @@ pub const SECRET: &str = "zerohop-test-secret";
 pub const BUCKET: &str = "models";
 /// The smallest part but the last that S3 accepts.
 pub const MIN: usize = zerohop_s3::MIN_PART_BYTES;
+
+/// An engine on `device` with slots of S3's smallest part, three workers.
+pub fn upload_engine(device: Arc<dyn Device>) -> Engine {
+    let config = EngineConfig {
+        staging: StagingConfig {
+            total_bytes: 6 * MIN,
+            slot_bytes: MIN,
+        },
+        io_threads: 3,
+        ..EngineConfig::default()
+    };
+    Engine::new(device, config).unwrap()
+}
 
 /// The server binary: `ZEROHOP_S3_SERVER`, else `s3s-fs` on the PATH.
 /// scripts/test.sh installs it (and says how).
