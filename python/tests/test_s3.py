@@ -139,3 +139,10 @@ def test_checkpoints_save_load_list_and_remove_in_an_object_store(bucket, rng):
     checkpoint.remove(f"s3://{BUCKET}/ck/step-8")
     checkpoint.remove(f"s3://{BUCKET}/ck/step-7")
     assert checkpoint.ls(f"s3://{BUCKET}/ck/") == []
+
+
+def test_sharded_checkpoints_refuse_object_stores(bucket):
+    from zerohop import checkpoint
+
+    with pytest.raises(ValueError, match="not yet to an object store"):
+        checkpoint.save({"a": np.ones(3)}, f"s3://{BUCKET}/ck/sharded", group=object())

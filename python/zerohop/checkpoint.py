@@ -111,6 +111,7 @@ def save(
     committed once every rank's data is durable (see `zerohop._sharded`);
     each rank gets what its own part's save did."""
     if group is not None:
+        _refuse_object_store(dir)
         return _sharded.save(state, dir, group, progress)
     flat = _Flattener()
     skeleton = flat.encode(state, [])
@@ -168,12 +169,18 @@ def load(
     another world size, DTensors sharded on dim 0 or replicated are
     resharded (and nothing else may be in the state)."""
     if group is not None:
+        _refuse_object_store(dir)
         return _sharded.load(dir, device, group, progress)
     _refuse_sharded(dir)
     skeleton, tensors = _load_tensors(dir, device, progress)
     if skeleton is None:  # saved by the CLI or the Rust API: entries by name
         return tensors
     return _decode_state(dir, skeleton, tensors)
+
+
+def _refuse_object_store(dir: PathLike) -> None:
+    if os.fspath(dir).startswith("s3://"):
+        raise ValueError(f"{os.fspath(dir)}: sharded checkpoints (group=) are written to a shared directory, not yet to an object store")
 
 
 def _refuse_sharded(dir: PathLike) -> None:
@@ -265,6 +272,7 @@ def restore_into(state: Any, dir: PathLike, progress: Progress = False, group: A
     reported restored and the error names the first bad chunk. A checkpoint
     saved with `group=` is restored with `group=`, at the same world size."""
     if group is not None:
+        _refuse_object_store(dir)
         return _sharded.restore_into(state, dir, group, progress)
     _refuse_sharded(dir)
     flat = _Flattener(writable=True)
