@@ -36,5 +36,7 @@ pub use manifest::{
 pub use request::{Region, SaveOptions, DEFAULT_CHUNK_BYTES};
 pub use restore::{restore, restore_into, Restored};
 pub use save::{save, Saved};
-pub use store::{check_checkpoint_name, CheckpointStore, Location, NewCheckpoint};
+pub use store::{
+    check_checkpoint_name, list_checkpoints, CheckpointStore, Location, NewCheckpoint,
+};
 pub use verify::{dependents, remove, verify, Verified};

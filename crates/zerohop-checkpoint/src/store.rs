@@ -158,3 +158,18 @@ pub fn check_checkpoint_name(name: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// The committed checkpoints in `store`, sorted by name, each with its
+/// manifest.
+pub fn list_checkpoints(
+    store: &Arc<dyn CheckpointStore>,
+) -> Result<Vec<(String, crate::Manifest)>> {
+    store
+        .list()?
+        .into_iter()
+        .map(|name| {
+            let m = Location::new(store.clone(), name.clone())?.manifest()?;
+            Ok((name, m))
+        })
+        .collect()
+}

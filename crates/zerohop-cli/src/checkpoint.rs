@@ -390,14 +390,9 @@ fn ls_store(name: &str, json: bool, missing: Error) -> Result<()> {
     else {
         return Err(missing);
     };
-    let names = store.list()?;
-    if names.is_empty() {
+    let rows = ckpt::list_checkpoints(&store)?;
+    if rows.is_empty() {
         return Err(missing);
-    }
-    let mut rows = Vec::new();
-    for n in names {
-        let m = Location::new(store.clone(), n.clone())?.manifest()?;
-        rows.push((n, m));
     }
     if json {
         let list: Vec<_> = rows

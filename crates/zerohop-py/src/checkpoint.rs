@@ -151,14 +151,11 @@ type Listed = (String, Option<String>, usize, u64);
 pub fn checkpoint_list(py: Python<'_>, store: String) -> PyResult<Vec<Listed>> {
     py.detach(|| {
         let store = checkpoints_in(&store, StagingConfig::default().slot_bytes as u64)?;
-        store
-            .list()?
+        let listed = ckpt::list_checkpoints(&store)?;
+        Ok(listed
             .into_iter()
-            .map(|name| {
-                let m = Location::new(store.clone(), name.clone())?.manifest()?;
-                Ok((name, m.parent.clone(), m.entries.len(), m.bytes()))
-            })
-            .collect::<Result<Vec<_>>>()
+            .map(|(name, m)| (name, m.parent.clone(), m.entries.len(), m.bytes()))
+            .collect())
     })
     .map_err(to_py)
 }

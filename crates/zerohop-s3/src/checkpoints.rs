@@ -104,32 +104,32 @@ pub fn checkpoint_location_with(config: &S3Config, url: &str, part_bytes: u64) -
     let parsed = S3Url::parse(url)?;
     let key = parsed.key.trim_end_matches('/');
     let (prefix, name) = key.rsplit_once('/').unwrap_or(("", key));
-    if name.is_empty() || parsed.pattern_prefix().is_some() {
+    if name.is_empty() {
         return Err(Error::invalid(format!(
             "{url}: a checkpoint is named s3://bucket/[prefix/]NAME"
         )));
     }
-    let store = S3CheckpointStore::new(
-        Arc::new(S3Client::new(config, &parsed.bucket)?),
-        prefix,
-        part_bytes,
-    );
+    let store = store_at(config, &parsed.with_key(prefix), part_bytes)?;
     Location::new(Arc::new(store), name)
 }
 
 /// The store of the checkpoints under `url` (`s3://bucket/[prefix/]`);
 /// configuration from the environment.
 pub fn checkpoint_store(url: &str, part_bytes: u64) -> Result<S3CheckpointStore> {
-    let parsed = S3Url::parse(url)?;
-    if parsed.pattern_prefix().is_some() {
+    store_at(&S3Config::from_env()?, &S3Url::parse(url)?, part_bytes)
+}
+
+/// The store of the checkpoints under `prefix` (its key a prefix).
+fn store_at(config: &S3Config, prefix: &S3Url, part_bytes: u64) -> Result<S3CheckpointStore> {
+    if prefix.pattern_prefix().is_some() {
         return Err(Error::invalid(format!(
-            "{url}: checkpoints are under s3://bucket/[prefix/], without wildcards"
+            "{prefix}: checkpoints are under s3://bucket/[prefix/], without wildcards"
         )));
     }
-    let client = S3Client::new(&S3Config::from_env()?, &parsed.bucket)?;
+    let client = S3Client::new(config, &prefix.bucket)?;
     Ok(S3CheckpointStore::new(
         Arc::new(client),
-        &parsed.key,
+        &prefix.key,
         part_bytes,
     ))
 }

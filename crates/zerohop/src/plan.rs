@@ -305,8 +305,6 @@ pub(crate) fn work_items(extents: &[Extent], routes: &[Route], caps: WindowCaps)
     items
 }
 
-/// Orders windows round-robin across files, so workers write several files
-/// at once (writes into one file serialize on some file systems).
 /// `file`'s windows replaced by one window per `cap`-aligned chunk of its
 /// `len` bytes, each with the copies that fall in it: a remote object's
 /// parts are written whole (what no copy fills is zeros, or host bytes).
@@ -343,6 +341,8 @@ pub(crate) fn whole_chunks(windows: Vec<Window>, file: usize, len: u64, cap: u64
     out
 }
 
+/// Orders windows round-robin across files, so workers write several files
+/// at once (writes into one file serialize on some file systems).
 pub(crate) fn interleave_files(windows: Vec<Window>) -> Vec<Window> {
     let mut per_file: Vec<std::collections::VecDeque<Window>> = Vec::new();
     for w in windows {

@@ -135,8 +135,7 @@ impl Engine {
 }
 
 /// Refuses a remote object whose parts are of another size than the
-/// staging slots: each part is written from one slot. (A filter that skips
-/// bytes of one is refused at the part: see `write_pipeline`.)
+/// staging slots: each part is written from one slot.
 fn check_parts(file: &SinkFile, part_bytes: u64, slot_bytes: u64) -> Result<()> {
     if part_bytes != slot_bytes {
         return Err(Error::invalid(format!(
