@@ -259,6 +259,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             ensure_hot; install_wheels
             python3 bench/load_phases.py $HOT | tee -a "$OUT/load-phases.txt"
             python3 bench/load_phases.py $HOT --warm-up --allocations 3000 | tee -a "$OUT/load-phases.txt"
+            python3 bench/probe/load_timeline.py $HOT --runs "${ZEROHOP_TIMELINE_RUNS:-5}" | tee -a "$OUT/load-timeline.txt"
             ;;
         checkpoint)
             # Save/restore 16 GiB of device memory to disk and to tmpfs:

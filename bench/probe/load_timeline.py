@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Where the wall time of one `zerohop.load_file(FILE, device="cuda:0")` goes
+as bench/peers.py times it: in a fresh process each, after a tiny warm-up
+load and an emptied torch cache. The real load_file runs with timestamps
+taken around its allocation, its engine call (on the reader thread) and
+its views, next to variants that change one thing:
+
+- `load_file`: the package as it is;
+- `switch`: the same with Python's GIL switch interval at 0.1 ms;
+- `one-alloc`: one allocation viewed as every tensor, the engine on the
+  calling thread (what the CLI does; the floor for any Python load).
+
+    python3 bench/probe/load_timeline.py /dev/shm/model.safetensors [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+VARIANTS = ("load_file", "switch", "one-alloc")
+
+
+def child(path: str, variant: str) -> dict:
+    import torch
+
+    torch.zeros(1, device="cuda:0")
+    torch.cuda.synchronize()
+    import zerohop
+    from zerohop import _buffers, _native, _safetensors
+
+    with tempfile.TemporaryDirectory() as d:
+        tiny = os.path.join(d, "tiny.safetensors")
+        zerohop.save_file({"x": torch.zeros(1 << 20)}, tiny)
+        zerohop.load_file(tiny, device="cuda:0")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+    marks: dict = {}
+    stats: dict = {}
+    now = time.perf_counter
+
+    class TimedNative:
+        def __getattr__(self, name):
+            return getattr(_native, name)
+
+        def read(self, *args):
+            marks["read_enter"] = now()
+            marks["read_thread"] = threading.current_thread().name
+            out = _native.read(*args)
+            marks["read_exit"] = now()
+            stats.update(json.loads(out))
+            return out
+
+    real_allocate = _buffers.allocate
+
+    def allocate(*args):
+        marks["alloc_enter"] = now()
+        memory = real_allocate(*args)
+        marks["alloc_exit"] = now()
+        make = memory._make
+
+        def timed_make():
+            marks["views_enter"] = now()
+            out = make()
+            marks["views_exit"] = now()
+            return out
+
+        memory._make = timed_make
+        return memory
+
+    _safetensors._native = TimedNative()
+    _buffers.allocate = allocate
+    size = os.path.getsize(path)
+    if variant == "switch":
+        sys.setswitchinterval(1e-4)
+    start = now()
+    if variant == "one-alloc":
+        _, infos = _native.safetensors_header(path)
+        marks["alloc_enter"] = now()
+        total = sum(end - begin for _, _, _, begin, end in infos)
+        whole = torch.empty(total, dtype=torch.uint8, device="cuda:0")
+        marks["alloc_exit"] = now()
+        pieces = [(0, infos[0][3], total, whole.data_ptr())]
+        _safetensors._native.read("cuda:0", [path], pieces, _buffers.current_stream("cuda:0"), False)
+        out = {"whole": whole}
+    else:
+        out = zerohop.load_file(path, device="cuda:0")
+    marks["returned"] = now()
+    torch.cuda.synchronize()
+    marks["synced"] = now()
+    rel = {k: (v - start) * 1e3 for k, v in marks.items() if isinstance(v, float)}
+    return {
+        "variant": variant,
+        "tensors": len(out),
+        "gbps": size / (marks["synced"] - start) / 1e9,
+        "ms": rel,
+        "reader": marks.get("read_thread"),
+        "engine_ms": stats.get("seconds", 0) * 1e3,
+        "engine_setup_ms": stats.get("setup_seconds", 0) * 1e3,
+        "worker_start_ms": stats.get("profile", {}).get("start_seconds", 0) * 1e3,
+        "engine_gbps": stats.get("gbps"),
+    }
+
+
+def report(rows: list[dict]) -> None:
+    keys = ("alloc_enter", "alloc_exit", "read_enter", "views_enter", "views_exit", "read_exit", "returned", "synced")
+    for variant in VARIANTS:
+        mine = [r for r in rows if r["variant"] == variant]
+        if not mine:
+            continue
+        print(f"{variant}: GB/s as waited best {max(r['gbps'] for r in mine):.2f}, "
+              f"median {statistics.median(r['gbps'] for r in mine):.2f} ({len(mine)} runs)")
+        for k in keys:
+            got = [r["ms"][k] for r in mine if k in r["ms"]]
+            if got:
+                print(f"    {k:12s} at {statistics.median(got):7.2f} ms (median; min {min(got):.2f})")
+        for k in ("engine_ms", "engine_setup_ms", "worker_start_ms"):
+            print(f"    {k:16s} {statistics.median(r[k] for r in mine):7.2f} ms (median)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--child", choices=VARIANTS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.file, args.child)))
+        return
+    rows = []
+    for run in range(args.runs):
+        for variant in VARIANTS[run % len(VARIANTS):] + VARIANTS[: run % len(VARIANTS)]:
+            out = subprocess.run([sys.executable, __file__, args.file, "--child", variant],
+                                 capture_output=True, text=True, timeout=300)
+            if out.returncode != 0:
+                print(f"{variant}: failed: {out.stderr.strip()[-500:]}")
+                continue
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"run {run} {variant:10s} {row['gbps']:6.2f} GB/s  engine {row['engine_ms']:.1f} ms"
+                  f" ({row['engine_gbps']:.2f} GB/s)  " + " ".join(f"{k}={v:.1f}" for k, v in row["ms"].items()),
+                  flush=True)
+            rows.append(row)
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()
