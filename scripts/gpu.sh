@@ -7,7 +7,7 @@
 #
 # Steps: warm (touch host memory before timing), info, tests, python, s3,
 # s3-checkpoint, hot,
-# cold, probe, sweep, cold-sweep, phases, peers, peers-cold, distributed (2 GPUs),
+# cold, probe, sweep, cold-sweep, phases, timeline, peers, peers-cold, distributed (2 GPUs),
 # checkpoint, save, suspend, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
@@ -259,6 +259,12 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             ensure_hot; install_wheels
             python3 bench/load_phases.py $HOT | tee -a "$OUT/load-phases.txt"
             python3 bench/load_phases.py $HOT --warm-up --allocations 3000 | tee -a "$OUT/load-phases.txt"
+            ;;
+        timeline)
+            # One load_file's wall time, stamp by stamp, in fresh processes
+            # as bench/peers.py times it, against variants (bench/probe/
+            # load_timeline.py).
+            ensure_hot; install_wheels
             python3 bench/probe/load_timeline.py $HOT --runs "${ZEROHOP_TIMELINE_RUNS:-5}" | tee -a "$OUT/load-timeline.txt"
             ;;
         checkpoint)
