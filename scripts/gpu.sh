@@ -7,7 +7,7 @@
 #
 # Steps: warm (touch host memory before timing), info, tests, python, s3,
 # s3-checkpoint, hot,
-# cold, probe, sweep, cold-sweep, phases, timeline, peers, peers-cold, distributed (2 GPUs),
+# cold, probe, sweep, cold-sweep, phases, timeline, peers, peers-hot, peers-cold, distributed (2 GPUs),
 # checkpoint, save, suspend, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
@@ -369,6 +369,11 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             rm -f $HOT; ensure_hot; install_wheels
             peers_run hot $HOT --modes hot --time-limit 240
             peers_run shapes $HOT --modes shapes --time-limit $((540 - (SECONDS - start)))
+            ;;
+        peers-hot)
+            # The hot section alone (about a minute with three loaders).
+            rm -f $HOT; ensure_hot; install_wheels
+            peers_run hot $HOT --modes hot --time-limit 240
             ;;
         peers-s3)
             # The s3 section of bench/peers.py (a call of its own, carrying

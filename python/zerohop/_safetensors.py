@@ -112,8 +112,8 @@ def load_file(
     `safetensors.torch.load_file` does, straight into `device` ('cpu' or
     'host', 'cuda', 'cuda:N', an index, or 'auto': the first GPU, else host
     memory). Tensors are allocated by torch and ready
-    on the current CUDA stream on return; on a GPU, tensors under 256 MiB
-    share blocks of up to 256 MiB (disjoint views of one allocation, freed
+    on the current CUDA stream on return; on a GPU, tensors under 1 GiB
+    share blocks of up to 1 GiB (disjoint views of one allocation, freed
     when all of them are). `framework="np"` gives numpy arrays instead (host
     memory only; torch need not be installed), as
     `safetensors.numpy.load_file` does. A name may be an object in an

@@ -106,28 +106,45 @@ impl FileMapping {
 const RESIDENCY_SAMPLES: usize = 128;
 const RESIDENCY_RUN_PAGES: usize = 16;
 
-/// Bytes of a mapping unmapped per `munmap` call. Each call holds the
-/// process's memory-map lock for writing while it tears down its page
-/// tables (about 20 us for 64 MiB whose pages were forgotten, 1 ms where
-/// pages are still mapped, on the build machine); in pieces, a thread that
-/// faults or allocates meanwhile waits for one piece, not for all of a
-/// large file (an 8 GiB unmap in one call stalled `load_file`'s reader
-/// thread at exit by 3 ms on the H200 machine).
+/// Bytes of a mapping unmapped per `munmap` call by the unmapping thread.
+/// Each call holds the process's memory-map lock for writing while it
+/// tears down page tables (about 20 us for 64 MiB whose pages were
+/// forgotten, 1 ms where pages are still mapped, on the build machine).
+/// Unmapped in one call, an 8 GiB file stalled whatever thread of the
+/// caller faulted or allocated next by 3 - 4 ms on the H200 machine, just
+/// as `load_file` returned (bench/probe/load_timeline.py).
 const UNMAP_PIECE: usize = 64 << 20;
+/// The pause between pieces, in which threads waiting for the lock take
+/// it: the kernel lets a thread that just released it take it again ahead
+/// of waiters, for up to 4 ms.
+const UNMAP_PAUSE: std::time::Duration = std::time::Duration::from_micros(50);
+
+impl FileMapping {
+    /// Unmaps `UNMAP_PIECE` bytes at a time, pausing between pieces, so
+    /// that the caller's other threads are never held up for long.
+    fn unmap_in_pieces(mut self) {
+        while self.len > UNMAP_PIECE {
+            // SAFETY: the first, page-aligned piece of what is still mapped
+            // (`UNMAP_PIECE` is a multiple of any page size); `self` then
+            // shrinks past it, so nothing is unmapped twice. No pin of the
+            // mapping remains (pins live only inside a transfer) and no
+            // reference into it exists.
+            let _ = unsafe { rustix::mm::munmap(self.ptr, UNMAP_PIECE) };
+            // SAFETY: still inside the mapping, which is longer than the piece.
+            self.ptr = unsafe { self.ptr.cast::<u8>().add(UNMAP_PIECE).cast() };
+            self.len -= UNMAP_PIECE;
+            std::thread::sleep(UNMAP_PAUSE);
+        }
+    }
+}
 
 impl Drop for FileMapping {
     fn drop(&mut self) {
-        let mut at = 0;
-        while at < self.len {
-            let n = UNMAP_PIECE.min(self.len - at);
-            // SAFETY: unmaps a page-aligned part of what `new` mapped
-            // (`UNMAP_PIECE` is a multiple of any page size), each part
-            // once; every pin of it has been dropped (pins live only inside
-            // a transfer), and no reference into it exists.
-            let _ = unsafe { rustix::mm::munmap(self.ptr.cast::<u8>().add(at).cast(), n) };
-            at += n;
-            std::thread::yield_now();
-        }
+        // SAFETY: unmaps exactly what is mapped (all that `new` mapped, or
+        // what `unmap_in_pieces` left); every pin of it has been dropped
+        // (pins live only inside a transfer), and no reference into it
+        // exists.
+        let _ = unsafe { rustix::mm::munmap(self.ptr, self.len) };
     }
 }
 
@@ -245,7 +262,7 @@ impl Drop for GuardedMapping {
             let (tx, rx) = mpsc::channel::<FileMapping>();
             let spawned = std::thread::Builder::new()
                 .name("zerohop-unmap".into())
-                .spawn(move || rx.into_iter().for_each(drop));
+                .spawn(move || rx.into_iter().for_each(FileMapping::unmap_in_pieces));
             *unmapper = spawned.ok().map(|_| tx);
         }
         match unmapper.as_ref() {
@@ -355,7 +372,7 @@ mod tests {
             unsafe { libc::mincore(addr as *mut c_void, page, &mut resident) == 0 }
         };
         assert!(probes.iter().all(|&at| mapped(at)));
-        drop(map);
+        map.unmap_in_pieces();
         for at in probes {
             assert!(!mapped(at), "byte {at} is still mapped");
         }
