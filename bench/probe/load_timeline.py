@@ -6,8 +6,8 @@ taken around its allocation, its engine call (on the reader thread) and
 its views, next to variants that change one thing:
 
 - `load_file`: the package as it is;
-- `no-reserve`: each block a driver allocation of its own, as before
-  session 13 (now the blocks are carved out of one reserved segment);
+- `blocks-256m`: tensors packed into blocks of 256 MiB, as before
+  session 13 (1 GiB now: fewer allocations);
 - `one-alloc`: one allocation viewed as every tensor, the engine on the
   calling thread (what the CLI does; the floor for any Python load).
 
@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 
-VARIANTS = ("load_file", "no-reserve", "one-alloc")
+VARIANTS = ("load_file", "blocks-256m", "one-alloc")
 
 
 def child(path: str, variant: str) -> dict:
@@ -81,8 +81,8 @@ def child(path: str, variant: str) -> dict:
     _safetensors._native = TimedNative()
     _buffers.allocate = allocate
     size = os.path.getsize(path)
-    if variant == "no-reserve":
-        _buffers._reserve = lambda *args: None
+    if variant == "blocks-256m":
+        _buffers.BLOCK_BYTES = 256 << 20
     start = now()
     if variant == "one-alloc":
         _, infos = _native.safetensors_header(path)

@@ -74,32 +74,6 @@ def test_tensors_belong_to_torch_and_are_ready_on_the_current_stream(tmp_path):
     assert torch.cuda.memory_allocated() == base  # freed like any tensor
 
 
-@cuda
-def test_blocks_come_from_one_segment_and_are_freed_one_by_one(tmp_path, monkeypatch):
-    """A load's blocks are carved out of one segment that torch's allocator
-    reserves for them (one driver allocation, not one per block); each block
-    is still a torch allocation of its own: dropping its tensors frees it."""
-    # 8 tensors of 2 MiB: 4 blocks of 4 MiB (above 1 MiB, which torch's
-    # allocator serves from a pool of small segments instead).
-    monkeypatch.setattr(zerohop._buffers, "BLOCK_BYTES", 4 << 20)
-    tensors = {f"w{i}": torch.full((512 << 10,), float(i)) for i in range(8)}
-    path = tmp_path / "m.safetensors"
-    st_torch.save_file(tensors, str(path))
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_stats()
-    out = zerohop.load_file(path, device="cuda:0")
-    after = torch.cuda.memory_stats()
-    assert all(torch.equal(out[n].cpu(), t) for n, t in tensors.items())
-    assert after["segment.all.current"] - before["segment.all.current"] == 1
-    assert after["allocation.all.current"] - before["allocation.all.current"] == 4
-    allocated = torch.cuda.memory_allocated()
-    del out["w0"], out["w1"]  # the first block's tensors
-    assert torch.cuda.memory_allocated() == allocated - (4 << 20)
-    del out
-    assert torch.cuda.memory_allocated() == before["allocated_bytes.all.current"]
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_save_file_is_read_by_safetensors(tmp_path, device):
     tensors = {k: v.to(device) for k, v in model_tensors().items()}

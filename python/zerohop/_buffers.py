@@ -330,22 +330,16 @@ def allocate(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], de
         if place is not None:
             members_of.setdefault(place[0], {}).setdefault(specs[i][0], []).append((i, place[1]))
     addresses = [0] * len(specs)
-    block_bytes = [
-        -(-max(at + specs[i][2] for members in by_dtype.values() for i, at in members) // _BLOCK_ROUND)
-        * _BLOCK_ROUND
-        for by_dtype in members_of.values()
-    ]
-    alone_at = [i for i, place in enumerate(places) if place is None]
-    _reserve(torch, device, sum(block_bytes) + sum(specs[i][2] for i in alone_at))
     raws = []
-    for by_dtype, nbytes in zip(members_of.values(), block_bytes):
-        raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    for by_dtype in members_of.values():
+        end = max(at + specs[i][2] for members in by_dtype.values() for i, at in members)
+        raw = torch.empty(-(-end // _BLOCK_ROUND) * _BLOCK_ROUND, dtype=torch.uint8, device=device)
         raws.append(raw)
         base = raw.data_ptr()
         for members in by_dtype.values():
             for i, offset in members:
                 addresses[i] = base + offset
-    alone = {i: empty(framework, specs[i][0], specs[i][1], device) for i in alone_at}
+    alone = {i: empty(framework, specs[i][0], specs[i][1], device) for i, place in enumerate(places) if place is None}
     for i, t in alone.items():
         addresses[i] = address(t)
 
@@ -359,29 +353,6 @@ def allocate(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], de
         return out
 
     return Allocation(addresses, [None if place is None else place[0] for place in places], raws + list(alone.values()), make)
-
-
-# Room for every block rounded as torch's allocator rounds large requests.
-_SEGMENT_ROUND = 2 << 20
-
-
-def _reserve(torch: Any, device: str, nbytes: int) -> None:
-    """Has torch's allocator hold one segment of `nbytes` for the
-    allocations that follow, unless its cache already holds that much:
-    each block is then carved out of the segment (microseconds) instead of
-    a driver allocation of its own (~0.15 ms each on the H200, on a load's
-    critical path). Each block is still a torch allocation of its own,
-    freed as any other. Where the GPU has no room for one segment, the
-    blocks are allocated one by one as before."""
-    if nbytes <= BLOCK_BYTES:
-        return
-    nbytes += _SEGMENT_ROUND * (nbytes // BLOCK_BYTES + 1)
-    if torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) >= nbytes:
-        return
-    try:
-        torch.empty(nbytes, dtype=torch.uint8, device=device)
-    except torch.cuda.OutOfMemoryError:
-        pass
 
 
 def views_of(raw: Any, name: str, members: List[Tuple[int, int]], specs: Sequence[Tuple[str, Sequence[int], int]], out: List[Any]) -> None:
