@@ -349,7 +349,7 @@ mod tests {
     /// whole number of pages, is unmapped entirely, piece by piece: no page
     /// of it stays mapped (`mincore` refuses unmapped addresses).
     #[test]
-    fn drop_unmaps_every_piece() {
+    fn unmapping_in_pieces_unmaps_everything() {
         let path = std::env::temp_dir().join(format!("zerohop-unmap-{}", std::process::id()));
         let len = 2 * UNMAP_PIECE as u64 + 3 * 4096 + 5;
         let f = std::fs::OpenOptions::new()
