@@ -264,7 +264,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # One load_file's wall time, stamp by stamp, in fresh processes
             # as bench/peers.py times it, against variants (bench/probe/
             # load_timeline.py).
-            ensure_hot; install_wheels
+            warm_memory; ensure_hot; install_wheels
             python3 bench/probe/load_timeline.py $HOT --runs "${ZEROHOP_TIMELINE_RUNS:-5}" | tee -a "$OUT/load-timeline.txt"
             ;;
         checkpoint)
@@ -357,23 +357,19 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
                     | grep -E "^(limit|save|restore|result|checksum|host|zerohop: error|warning)" | tee -a "$OUT/compare-save.txt"
             done
             ;;
-        peers)
+        peers|peers-hot)
             # Peer loaders against zerohop on the tmpfs model, 3 rounds:
-            # hot (about 2.5 minutes), then shapes (shards, small tensors,
-            # FP8; about 3 minutes). Each run stops starting rounds at its
-            # --time-limit, so the step ends within the device tool's call.
+            # hot (about 2.5 minutes; peers-hot stops there), then shapes
+            # (shards, small tensors, FP8; about 3 minutes). Each run stops
+            # starting rounds at its --time-limit, so the step ends within
+            # the device tool's call.
             start=$SECONDS
             # A model file written fresh: on this VM, one written earlier in
             # the machine start was once mapped at a third of the usual rate
             # by every loader that maps it (bench/results/2026-12-01-h200-session11).
             rm -f $HOT; ensure_hot; install_wheels
             peers_run hot $HOT --modes hot --time-limit 240
-            peers_run shapes $HOT --modes shapes --time-limit $((540 - (SECONDS - start)))
-            ;;
-        peers-hot)
-            # The hot section alone (about a minute with three loaders).
-            rm -f $HOT; ensure_hot; install_wheels
-            peers_run hot $HOT --modes hot --time-limit 240
+            [ "$step" = peers-hot ] || peers_run shapes $HOT --modes shapes --time-limit $((540 - (SECONDS - start)))
             ;;
         peers-s3)
             # The s3 section of bench/peers.py (a call of its own, carrying

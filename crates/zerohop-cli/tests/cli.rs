@@ -1,6 +1,8 @@
 //! The `zerohop` binary end to end on host memory: happy paths, and bad
 //! input that must give a clear error and a non-zero exit, never a panic.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -19,14 +21,7 @@ fn tmp(name: &str) -> PathBuf {
 
 /// Fails with a message on stderr containing `needle`, without panicking.
 fn fails_with(args: &[&str], needle: &str) {
-    let out = zerohop(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    assert!(
-        err.contains("error") && err.contains(needle),
-        "{args:?}: {err}"
-    );
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    common::assert_clear_failure(&zerohop(args), args, needle);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! the object store tests start it), configured through the AWS_*
 //! variables as a user would.
 
+mod common;
 #[path = "../../zerohop-s3/tests/common/mod.rs"]
 mod s3;
 
@@ -35,14 +36,7 @@ fn ok(server: &Server, args: &[&str]) -> String {
 
 /// Fails with a clear error naming `needle`, without panicking.
 fn fails_with(server: &Server, args: &[&str], needle: &str) {
-    let out = zerohop(server, args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    assert!(
-        err.contains("error") && err.contains(needle),
-        "{args:?}: {err}"
-    );
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    common::assert_clear_failure(&zerohop(server, args), args, needle);
 }
 
 #[test]

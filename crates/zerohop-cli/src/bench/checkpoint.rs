@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use zerohop::cache_drop::drop_from_page_cache;
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
-use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions};
+use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions, Saved};
 
 #[derive(Args, Debug)]
 pub struct BenchCheckpointArgs {
@@ -154,14 +154,14 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     let at = Location::dir(&dir)?;
     let saved = ckpt::save(&engine, &regions, &at, &SaveOptions::default(), None)?;
     let save_gbps = a.size as f64 / saved.seconds / 1e9;
-    say(format!(
-        "save     {save_gbps:.2} GB/s: durable after {:.2} s ({} data files, checksums and commit included) via {}",
-        saved.seconds,
-        saved.manifest.files.len(),
-        saved.stats.path
-    ));
-    say(format!("profile  {}", saved.stats.profile.describe()));
-    say(format!("checksum {}", saved.checksums));
+    for line in save_lines(
+        &saved,
+        save_gbps,
+        "durable",
+        "data files, checksums and commit included",
+    ) {
+        say(line);
+    }
 
     let mut cache = Vec::new();
     for f in &saved.manifest.files {
@@ -234,6 +234,22 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         ),
     ];
     conclude(a.json, &report, &text, contents_match)
+}
+
+/// A save's lines of the text report: its rate, when it was `done` (for
+/// example durable) and what its `files` hold, then where its workers'
+/// time went and where the checksums were computed.
+pub(super) fn save_lines(saved: &Saved, gbps: f64, done: &str, files: &str) -> [String; 3] {
+    [
+        format!(
+            "save     {gbps:.2} GB/s: {done} after {:.2} s ({} {files}) via {}",
+            saved.seconds,
+            saved.manifest.files.len(),
+            saved.stats.path
+        ),
+        format!("profile  {}", saved.stats.profile.describe()),
+        format!("checksum {}", saved.checksums),
+    ]
 }
 
 /// Prints `report` as JSON, or else the `text` lines; an error if the

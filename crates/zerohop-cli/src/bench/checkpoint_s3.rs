@@ -3,7 +3,9 @@
 //! upload and ranged GET rates measured in the same run, and the process's
 //! host memory while it saves and restores.
 
-use super::checkpoint::{compare, conclude, fill_regions, random_block, BenchCheckpointArgs, Rate};
+use super::checkpoint::{
+    compare, conclude, fill_regions, random_block, save_lines, BenchCheckpointArgs, Rate,
+};
 use super::raw_io::raw_read;
 use crate::size::human_bytes;
 use serde::Serialize;
@@ -95,14 +97,14 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
         while_sampling_rss(|| ckpt::save(&engine, &regions, &at, &SaveOptions::default(), None));
     let saved = saved?;
     let save_gbps = a.size as f64 / saved.seconds / 1e9;
-    say(format!(
-        "save     {save_gbps:.2} GB/s: committed after {:.2} s ({} data objects, checksums included) via {}",
-        saved.seconds,
-        saved.manifest.files.len(),
-        saved.stats.path
-    ));
-    say(format!("profile  {}", saved.stats.profile.describe()));
-    say(format!("checksum {}", saved.checksums));
+    for line in save_lines(
+        &saved,
+        save_gbps,
+        "committed",
+        "data objects, checksums included",
+    ) {
+        say(line);
+    }
     measure_uploads("after the save")?;
     let best_upload = raw_upload.iter().map(|r| r.gbps).fold(0.0, f64::max);
 
