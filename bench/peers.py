@@ -652,6 +652,8 @@ def final_report(ctx: Run, model: list[str] | None) -> None:
         print("  " + report.target_line(t))
     if not s["targets"]:
         print("  none measured")
+    if s["cold_by_round"]:
+        print("  " + report.cold_by_round_line(s["cold_by_round"]))
     if ctx.args.json_out:
         ctx.save(model)
         print(f"wrote {ctx.args.json_out}")

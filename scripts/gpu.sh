@@ -7,7 +7,7 @@
 #
 # Steps: warm (touch host memory before timing), info, tests, python, s3,
 # s3-checkpoint, hot,
-# cold, probe, sweep, cold-sweep, phases, timeline, peers, peers-hot, peers-cold, distributed (2 GPUs),
+# cold, probe, sweep, cold-sweep, cold-patterns, phases, timeline, peers, peers-hot, peers-shapes, peers-cold, distributed (2 GPUs),
 # checkpoint, save, suspend, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
@@ -253,6 +253,13 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
                 rm -f "$f"
             done
             ;;
+        cold-patterns)
+            # Ways of reading a cold file side by side, a fresh file each
+            # (bench/probe/cold_patterns.py): ZEROHOP_COLD_PATTERNS is a
+            # ';'-separated list of its patterns, the first the baseline.
+            IFS=';' read -ra pats <<< "${ZEROHOP_COLD_PATTERNS:-read:1MiB:8:buffered;zerohop:}"
+            python3 bench/probe/cold_patterns.py --rounds "${ZEROHOP_COLD_ROUNDS:-3}" "${pats[@]}" | tee -a "$OUT/cold-patterns.txt"
+            ;;
         phases)
             # Where the time of one Python load_file goes, call by call: in a
             # fresh process, and after a tiny warm-up load.
@@ -357,10 +364,11 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
                     | grep -E "^(limit|save|restore|result|checksum|host|zerohop: error|warning)" | tee -a "$OUT/compare-save.txt"
             done
             ;;
-        peers|peers-hot)
+        peers|peers-hot|peers-shapes)
             # Peer loaders against zerohop on the tmpfs model, 3 rounds:
             # hot (about 2.5 minutes; peers-hot stops there), then shapes
-            # (shards, small tensors, FP8; about 3 minutes). Each run stops
+            # (shards, small tensors, FP8; about 3 minutes; peers-shapes
+            # runs them alone). Each run stops
             # starting rounds at its --time-limit, so the step ends within
             # the device tool's call.
             start=$SECONDS
@@ -368,7 +376,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # the machine start was once mapped at a third of the usual rate
             # by every loader that maps it (bench/results/2026-12-01-h200-session11).
             rm -f $HOT; ensure_hot; install_wheels
-            peers_run hot $HOT --modes hot --time-limit 240
+            [ "$step" = peers-shapes ] || peers_run hot $HOT --modes hot --time-limit 240
             [ "$step" = peers-hot ] || peers_run shapes $HOT --modes shapes --time-limit $((540 - (SECONDS - start)))
             ;;
         peers-s3)

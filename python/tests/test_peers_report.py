@@ -97,6 +97,21 @@ def test_cold_best_peer_includes_the_raw_read_sweep(runs):
     assert "raw read, best config (1MiB x64 O_DIRECT) | 2.20 |" in report.format_table("cold", rows, H2D)
 
 
+def test_cold_by_round_holds_out_the_round_that_chose_the_raw_configuration(runs):
+    # Round 1's fastest raw read is 1MiB x64 O_DIRECT (2.1); round 2 read it
+    # at 2.2 and zerohop-py at 2.4, fastsafetensors 1.8. Round 1 is not
+    # compared: its raw reads chose the configuration.
+    c = report.cold_by_round(runs)
+    assert c["raw_config"] == "raw-read 1MiB x64 O_DIRECT"
+    assert c["ratios"] == {2: pytest.approx(2.4 / 2.2)} and c["median"] == pytest.approx(2.4 / 2.2)
+    assert "r2 1.09; median 1.09" in report.cold_by_round_line(c)
+    # A round where fastsafetensors beat the configuration is compared with it.
+    more = runs + [run("cold", "zerohop-py", 2.0, 3), run("cold", "fastsafetensors", 2.5, 3), raw(2.1, threads=64, rnd=3)]
+    assert report.cold_by_round(more)["ratios"][3] == pytest.approx(2.0 / 2.5)
+    # Without a later round there is nothing held out to compare.
+    assert report.cold_by_round([r for r in runs if r["round"] == 1]) is None
+
+
 def test_shape_rows_compare_with_the_same_loaders_single_file(runs):
     rows = report.shape_rows(runs, H2D)
     assert rows[0]["shape"] == "single"
@@ -137,7 +152,7 @@ def test_targets_say_what_was_not_measured():
 
 def test_json_document_round_trips(tmp_path, runs):
     s = report.summary(runs, H2D)
-    assert set(s) == {"rows", "raw_read_sweep", "targets"}
+    assert set(s) == {"rows", "raw_read_sweep", "targets", "cold_by_round"}
     assert list(s["rows"]) == ["hot", "cold", "shapes"]
     assert [c["best_gbps"] for c in s["raw_read_sweep"]] == [2.2, 2.0, 1.5, 1.0]
     path = tmp_path / "peers.json"
