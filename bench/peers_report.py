@@ -301,7 +301,7 @@ def cold_by_round(runs: list[dict]) -> dict | None:
 
 
 def cold_by_round_line(c: dict) -> str:
-    """`cold, round by round (held out): ...` for the report."""
+    """`cold, round by round, zerohop-py / the faster of ...: r2 0.98, ...; median 0.98`."""
     each = ", ".join(f"r{rnd} {v:.2f}" for rnd, v in c["ratios"].items())
     return (f"cold, round by round, zerohop-py / the faster of fastsafetensors and {c['raw_config']} "
             f"(round 1's fastest raw read; rounds after it): {each}; median {c['median']:.2f}")
