@@ -7,7 +7,7 @@
 #
 # Steps: warm (touch host memory before timing), info, tests, python, s3,
 # s3-checkpoint, hot,
-# cold, probe, sweep, cold-sweep, cold-patterns, phases, timeline, peers, peers-hot, peers-shapes, peers-cold, distributed (2 GPUs),
+# cold, probe, sweep, cold-sweep, cold-patterns, restore-routes, phases, timeline, peers, peers-hot, peers-shapes, peers-cold, distributed (2 GPUs),
 # checkpoint, save, suspend, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
@@ -259,6 +259,26 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # ';'-separated list of its patterns, the first the baseline.
             IFS=';' read -ra pats <<< "${ZEROHOP_COLD_PATTERNS:-read:1MiB:8:buffered;zerohop:}"
             python3 bench/probe/cold_patterns.py --rounds "${ZEROHOP_COLD_ROUNDS:-3}" "${pats[@]}" | tee -a "$OUT/cold-patterns.txt"
+            ;;
+        restore-routes)
+            # A checkpoint's restore from tmpfs by route (mapped copies or
+            # read()), with and without dropping the page cache first: the
+            # drop cannot evict tmpfs pages, but `bench checkpoint` does it
+            # before its restore and then restored at a third of the
+            # suspend test's rate (bench/results/2026-12-01-h200-session14).
+            warm_memory; ensure_hot
+            ck=/dev/shm/zerohop-restore-routes
+            rm -rf $ck; zerohop checkpoint save --from $HOT $ck > /dev/null
+            for round in 1 2 3; do
+                for drop in no yes; do
+                    for route in mapped staged; do
+                        [ $drop = yes ] && { sync; echo 3 > /proc/sys/vm/drop_caches; }
+                        r=$(zerohop checkpoint restore $ck --hot-route $route --json | python3 bench/probe/transfer_line.py)
+                        echo "restore r$round drop=$drop $route $r" | tee -a "$OUT/restore-routes.txt"
+                    done
+                done
+            done
+            rm -rf $ck
             ;;
         phases)
             # Where the time of one Python load_file goes, call by call: in a
