@@ -723,7 +723,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sweep-keep", type=int, default=3,
                    help="cold rounds after the first run only the best N configurations; 0: the full grid every round (default: 3)")
     p.add_argument("--s3-server", default=shutil.which("s3s-fs"),
-                   help="s3: the S3-compatible server binary, s3s-fs (default: s3s-fs on PATH)")
+                   help="s3: the S3-compatible server binary, s3s-fs or garage (by its name; default: s3s-fs on PATH)")
     p.add_argument("--s3-root", default="/dev/shm", help="s3: where the server keeps its objects (default: /dev/shm)")
     p.add_argument("--s3-loaders", type=csv_list(("zerohop-py", "zerohop-cli", "runai", "boto3")),
                    default=["zerohop-py", "zerohop-cli", "runai", "boto3"],
@@ -755,7 +755,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if any(m in args.modes for m in ("hot", "shapes", "s3")) and not args.file:
         p.error("hot, shapes and s3 need FILE (e.g. /dev/shm/zerohop-bench.safetensors from `zerohop gen --size 8GiB`)")
     if "s3" in args.modes and not (args.s3_server and os.access(args.s3_server, os.X_OK)):
-        p.error("s3 needs an S3 server binary (--s3-server PATH to s3s-fs)")
+        p.error("s3 needs an S3 server binary (--s3-server PATH to s3s-fs or garage)")
     if args.file and not os.path.isfile(args.file):
         p.error(f"FILE {args.file} is not a file")
     needs_bin = any(m in args.modes for m in ("shapes", "cold", "s3")) or "zerohop-cli" in args.hot_loaders

@@ -3,6 +3,7 @@
 # uses for GPU tests and benchmarks.
 #
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
+#   scripts/gpu.sh garage           # here, once: Garage for peers-s3 (see there)
 #   scripts/gpu.sh device STEP...   # there: run steps, results under $OUT
 #
 # Steps: warm (touch host memory before timing), info, tests, python, s3,
@@ -25,6 +26,7 @@ stage() {
     cp target/release/zerohop target/release/libzerohop_preload.so .stage/bin/
     # The S3-compatible server of the s3 step (scripts/test.sh builds it).
     cp .tools/bin/s3s-fs .stage/bin/
+    [ -f .tools/garage.xz ] && cp .tools/garage.xz .stage/bin/
     # The test targets that hold GPU tests (#[ignore = "needs an NVIDIA
     # GPU"] here); the rest run in CI. Fewer binaries keep the carried
     # tree under the device tool's size limit.
@@ -55,6 +57,14 @@ for line in sys.stdin:
     $py python/compat/run.py --fetch-only --cache .stage/compat
     git rev-parse --short HEAD > .stage/commit
     du -sh .stage; ls .stage/tests
+}
+
+# Garage, a second S3-compatible server for the peers-s3 step (s3s-fs
+# serves GETs in 4 KiB reads and caps every client near 0.8 GB/s): about
+# 15 minutes on 2 cores, once; `stage` then carries it, compressed.
+garage() {
+    CARGO_PROFILE_RELEASE_STRIP=true cargo install garage@2.5.0 --locked --root .tools
+    xz -T2 -6 -c .tools/bin/garage > .tools/garage.xz
 }
 
 device() {
@@ -404,8 +414,18 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # .stage and .whl-s3: bench/fetch-peer-wheels.sh s3): the model
             # as an object of s3s-fs over tmpfs, zerohop against Run:ai's
             # S3 backend and boto3 + safetensors, and the raw GETs.
+            # ZEROHOP_S3_SERVER=garage serves it from Garage instead (staged
+            # after `bash scripts/gpu.sh garage` here).
             rm -f $HOT; ensure_hot; install_wheels
-            peers_run s3 $HOT --modes s3 --s3-server .stage/bin/s3s-fs --time-limit 540
+            server=.stage/bin/s3s-fs
+            if [ "${ZEROHOP_S3_SERVER:-s3s-fs}" = garage ]; then
+                server=/tmp/zerohop-garage/garage
+                mkdir -p /tmp/zerohop-garage
+                python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+                    .stage/bin/garage.xz $server
+                chmod +x $server
+            fi
+            peers_run s3 $HOT --modes s3 --s3-server $server --time-limit 540
             ;;
         peers-cold)
             # Cold loads and the raw-read sweep, a fresh 3 GiB copy on disk
@@ -436,6 +456,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
 
 case "${1:-}" in
 stage) stage ;;
+garage) garage ;;
 device) shift; device "$@" ;;
-*) sed -n '2,13p' "$0"; exit 2 ;;
+*) sed -n '2,14p' "$0"; exit 2 ;;
 esac

@@ -121,6 +121,39 @@ impl WorkerProfile {
 }
 
 impl TransferStats {
+    /// How a save's bytes travelled. Uploads to an object store are never
+    /// mixed with file writes in one save, and bytes of unchanged chunks
+    /// (`skipped_bytes`) are neither written nor uploaded.
+    fn save_path(&self) -> String {
+        let written = self.direct_bytes + self.buffered_bytes;
+        let kind = match (self.direct_bytes > 0, self.buffered_bytes > 0) {
+            (true, true) => "O_DIRECT and buffered",
+            (true, false) => "O_DIRECT",
+            _ => "buffered",
+        };
+        let kept = if self.skipped_bytes > 0 {
+            "; unchanged chunks kept by reference to the parent"
+        } else {
+            ""
+        };
+        if self.remote_bytes > 0 {
+            format!(
+                "staged ({} -> object parts, uploaded whole){kept}",
+                self.staging_words(true)
+            )
+        } else if written > 0 {
+            format!(
+                "staged ({} -> {} {kind}) + fsync{kept}",
+                self.staging_words(true),
+                self.backend
+            )
+        } else if self.skipped_bytes > 0 {
+            "nothing written: every chunk unchanged, kept by reference to the parent".into()
+        } else {
+            "nothing to move, files synced".into()
+        }
+    }
+
     pub(crate) fn finish(&mut self, started: Instant, cpu_before: f64) {
         self.seconds = started.elapsed().as_secs_f64();
         self.gbps = if self.seconds > 0.0 {
@@ -136,27 +169,7 @@ impl TransferStats {
         };
         let mut parts = Vec::new();
         if self.direction == Direction::Save {
-            let moved = self.direct_bytes + self.buffered_bytes + self.skipped_bytes;
-            self.path = if self.remote_bytes > 0 && moved == 0 {
-                format!(
-                    "staged ({} -> object parts, uploaded whole)",
-                    self.staging_words(true)
-                )
-            } else if moved + self.remote_bytes == 0 {
-                "nothing to move, files synced".into()
-            } else {
-                format!(
-                    "staged ({} -> {} {}) + fsync",
-                    self.staging_words(true),
-                    self.backend,
-                    match (self.direct_bytes > 0, self.buffered_bytes > 0) {
-                        (true, true) => "O_DIRECT and buffered",
-                        (true, false) => "O_DIRECT",
-                        (false, true) => "buffered",
-                        (false, false) => "nothing (all unchanged)",
-                    }
-                )
-            };
+            self.path = self.save_path();
             return;
         }
         if self.direct_bytes > 0 {
@@ -242,6 +255,34 @@ mod tests {
         assert_eq!(human_bytes(66_270_000), "63.2 MiB");
         assert_eq!(human_bytes(u64::MAX), "16777216 TiB");
         assert_eq!(human_bytes(3 << 29), "1.5 GiB");
+    }
+
+    #[test]
+    fn a_save_path_says_how_its_bytes_travelled() {
+        let save = |direct, buffered, remote, skipped| {
+            let s = TransferStats {
+                direction: Direction::Save,
+                backend: "pwrite".into(),
+                direct_bytes: direct,
+                buffered_bytes: buffered,
+                remote_bytes: remote,
+                skipped_bytes: skipped,
+                ..Default::default()
+            };
+            s.save_path()
+        };
+        let kept = "; unchanged chunks kept by reference to the parent";
+        assert!(save(8, 1, 0, 0).ends_with("-> pwrite O_DIRECT and buffered) + fsync"));
+        assert!(save(0, 8, 0, 4).ends_with(&format!("-> pwrite buffered) + fsync{kept}")));
+        assert!(save(0, 0, 8, 0).ends_with("-> object parts, uploaded whole)"));
+        assert!(save(0, 0, 8, 4).ends_with(&format!("uploaded whole){kept}")));
+        // An incremental save where nothing changed, to files or objects:
+        // nothing was written, and no write or fsync is claimed.
+        assert_eq!(
+            save(0, 0, 0, 8),
+            "nothing written: every chunk unchanged, kept by reference to the parent"
+        );
+        assert_eq!(save(0, 0, 0, 0), "nothing to move, files synced");
     }
 
     #[test]
