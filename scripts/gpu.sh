@@ -26,7 +26,7 @@ stage() {
     cp target/release/zerohop target/release/libzerohop_preload.so .stage/bin/
     # The S3-compatible server of the s3 step (scripts/test.sh builds it).
     cp .tools/bin/s3s-fs .stage/bin/
-    [ -f .tools/garage.xz ] && cp .tools/garage.xz .stage/bin/
+    [ -f .tools/garage.xz ] && cp .tools/garage.xz .stage/
     # The test targets that hold GPU tests (#[ignore = "needs an NVIDIA
     # GPU"] here); the rest run in CI. Fewer binaries keep the carried
     # tree under the device tool's size limit.
@@ -419,10 +419,11 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             rm -f $HOT; ensure_hot; install_wheels
             server=.stage/bin/s3s-fs
             if [ "${ZEROHOP_S3_SERVER:-s3s-fs}" = garage ]; then
+                [ -f .stage/garage.xz ] || { echo "no .stage/garage.xz: run 'bash scripts/gpu.sh garage' here, then stage"; exit 2; }
                 server=/tmp/zerohop-garage/garage
                 mkdir -p /tmp/zerohop-garage
                 python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-                    .stage/bin/garage.xz $server
+                    .stage/garage.xz $server
                 chmod +x $server
             fi
             peers_run s3 $HOT --modes s3 --s3-server $server --time-limit 540
