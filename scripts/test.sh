@@ -42,7 +42,7 @@ MATURIN_PEP517_ARGS="--profile dev --features sim,pyo3/extension-module" \
 # The venv first on PATH, for that test's `python3`.
 export PATH="$venv/bin:$PATH"
 # The S3-compatible server that the object storage tests start on the
-# loopback address (s3s-fs, from crates.io; it keeps objects as files, so
+# loopback address (s3s-fs, a Rust crate; it keeps objects as files, so
 # a test can kill it and start it again over the same data), built once
 # into .tools/ (about 3 minutes on 2 cores).
 s3_server="$PWD/.tools/bin/s3s-fs"

@@ -1,4 +1,4 @@
-//! A real S3-compatible server for tests (s3s-fs, from crates.io: it keeps
+//! A real S3-compatible server for tests (s3s-fs, a Rust crate: it keeps
 //! objects as files, so it can be killed and started again over the same
 //! data), and a proxy in front of it that injects the faults a network and
 //! a busy server cause: 503 SlowDown answers and connections cut mid-body.
