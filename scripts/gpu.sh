@@ -232,42 +232,26 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             done
             ;;
         cold-sweep)
-            # Cold settings, each on a fresh 3 GiB file on disk (all written
-            # before any is read, caches dropped before each read), loads
-            # and raw reads taking turns: ZEROHOP_COLD_LOADS and
-            # ZEROHOP_COLD_RAW are ';'-separated option sets for
-            # `zerohop load` and `zerohop bench raw-read`.
+            # Cold settings, each read once: ZEROHOP_COLD_LOADS and
+            # ZEROHOP_COLD_RAW are ';'-separated option sets for `zerohop
+            # load` and `zerohop bench raw-read`, taking turns; run as one
+            # round of cold-patterns (below), which does the fresh files.
             IFS=';' read -ra loads <<< "${ZEROHOP_COLD_LOADS:-}"
             IFS=';' read -ra raws <<< "${ZEROHOP_COLD_RAW:-}"
-            runs=()
+            pats=()
             for k in $(seq 0 $(( ${#loads[@]} > ${#raws[@]} ? ${#loads[@]} : ${#raws[@]} ))); do
-                [ -n "${loads[$k]:-}" ] && runs+=("load ${loads[$k]}")
-                [ -n "${raws[$k]:-}" ] && runs+=("raw ${raws[$k]}")
+                [ -n "${loads[$k]:-}" ] && pats+=("zerohop:${loads[$k]}")
+                [ -n "${raws[$k]:-}" ] && pats+=("raw:${raws[$k]}")
             done
-            for i in "${!runs[@]}"; do
-                zerohop gen --size 3GiB --seed $((100 + i)) /var/tmp/zerohop-cold-$i.safetensors > /dev/null &
-                [ $(( (i + 1) % 4 )) = 0 ] && wait
-            done
-            wait; sync
-            for i in "${!runs[@]}"; do
-                f=/var/tmp/zerohop-cold-$i.safetensors kind=${runs[$i]%% *} args=${runs[$i]#* }
-                sync; echo 3 > /proc/sys/vm/drop_caches
-                if [ "$kind" = load ]; then
-                    # shellcheck disable=SC2086 # option sets
-                    r=$(zerohop load $f --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); print("%5.2f GB/s cpu %.2f s" % (s["gbps"], s["cpu_seconds"]))')
-                else
-                    # shellcheck disable=SC2086
-                    r=$(zerohop bench raw-read $f --json $args | python3 -c 'import json,sys; s=json.load(sys.stdin); print("%5.2f GB/s cpu %.2f s" % (s["gbps"], s["cpu_seconds"]))')
-                fi
-                echo "cold  $kind  $r  $args" | tee -a "$OUT/cold-sweep.txt"
-                rm -f "$f"
-            done
+            warm_memory
+            python3 bench/probe/cold_patterns.py --rounds 1 "${pats[@]}" | tee -a "$OUT/cold-sweep.txt"
             ;;
         cold-patterns)
             # Ways of reading a cold file side by side, a fresh file each
             # (bench/probe/cold_patterns.py): ZEROHOP_COLD_PATTERNS is a
             # ';'-separated list of its patterns, the first the baseline.
             IFS=';' read -ra pats <<< "${ZEROHOP_COLD_PATTERNS:-read:1MiB:8:buffered;zerohop:}"
+            warm_memory
             python3 bench/probe/cold_patterns.py --rounds "${ZEROHOP_COLD_ROUNDS:-3}" "${pats[@]}" | tee -a "$OUT/cold-patterns.txt"
             ;;
         restore-routes)
