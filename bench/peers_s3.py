@@ -189,3 +189,22 @@ def section_s3(ctx, model: list[str], peers) -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def serve(argv: list[str]) -> int:
+    """`python3 bench/peers_s3.py SERVER_BINARY ROOT_DIR -- COMMAND...`:
+    runs COMMAND with the AWS variables of a fresh server (bucket
+    `models`), then stops the server; exits as COMMAND did."""
+    if len(argv) < 4 or argv[2] != "--":
+        print(__doc__.split("\n\n")[0], "\n\nusage: peers_s3.py SERVER_BINARY ROOT_DIR -- COMMAND...")
+        return 2
+    server = open_server(argv[0], argv[1])
+    try:
+        return subprocess.run(argv[3:], env={**os.environ, **server.env()}).returncode
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(serve(sys.argv[1:]))

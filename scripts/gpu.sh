@@ -104,6 +104,18 @@ device() {
         PYTHONUNBUFFERED=1 python3 bench/peers.py "$@" --zerohop .stage/bin/zerohop ${ZEROHOP_PEERS_ARGS:-} \
             --json-out "$OUT/peers-$name.json" --chart "$OUT/peers-$name.png" | tee "$OUT/peers-$name.txt"
     }
+    # The S3 server's binary: s3s-fs, or Garage with ZEROHOP_S3_SERVER=garage
+    # (staged after `bash scripts/gpu.sh garage` here).
+    s3_server() {
+        [ "${ZEROHOP_S3_SERVER:-s3s-fs}" = garage ] || { echo .stage/bin/s3s-fs; return; }
+        [ -f .stage/garage.xz ] || { echo "no .stage/garage.xz: run 'bash scripts/gpu.sh garage' here, then stage" >&2; exit 2; }
+        local bin=/tmp/zerohop-garage/garage
+        mkdir -p /tmp/zerohop-garage
+        [ -x $bin ] || python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+            .stage/garage.xz $bin
+        chmod +x $bin
+        echo $bin
+    }
     for step in "$@"; do
         echo "=== $step ($(date -u +%FT%TZ), commit $(cat .stage/commit))"
         case "$step" in
@@ -170,24 +182,20 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             ;;
         s3-checkpoint)
             # Checkpoints to an object store (issue 15): 16 GiB of GPU
-            # memory saved to s3s-fs over tmpfs and restored, against the
-            # server's raw multipart upload and ranged GET rates and with
-            # the process's resident memory sampled (bench checkpoint).
-            local root=/dev/shm/zerohop-s3 port=9401 round
+            # memory saved to a server over tmpfs (s3s-fs, or Garage with
+            # ZEROHOP_S3_SERVER=garage) and restored, against the server's
+            # raw multipart upload and ranged GET rates and with the
+            # process's resident memory sampled (bench checkpoint).
             # Host memory touched once first, so the first raw upload into
             # tmpfs does not pay the VM's first-touch cost the save would not.
             warm_memory
-            rm -rf $root && mkdir -p $root/models
-            s3s-fs --host 127.0.0.1 --port $port --access-key zk --secret-key zs $root > "$OUT/s3-checkpoint-server.log" 2>&1 &
-            local server=$!
-            sleep 1
-            for round in 1 2; do
-                AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=zk AWS_SECRET_ACCESS_KEY=zs \
+            server=$(s3_server)
+            # shellcheck disable=SC2016 # expanded by the inner shell
+            python3 bench/peers_s3.py "$server" /dev/shm -- bash -c '
+                for round in 1 2; do
                     zerohop bench checkpoint --size "${ZEROHOP_S3_CKPT_SIZE:-16GiB}" --dir s3://models/ckpt \
-                    --device cuda ${ZEROHOP_S3_CKPT_ARGS:-} 2>&1 | sed "s/^/round $round: /"
-            done | tee "$OUT/s3-checkpoint.txt"
-            kill $server
-            rm -rf $root
+                        --device cuda ${ZEROHOP_S3_CKPT_ARGS:-} 2>&1 | sed "s/^/round $round: /"
+                done' | tee "$OUT/s3-checkpoint.txt"
             ;;
         hot)
             ensure_hot
@@ -401,16 +409,8 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # ZEROHOP_S3_SERVER=garage serves it from Garage instead (staged
             # after `bash scripts/gpu.sh garage` here).
             rm -f $HOT; ensure_hot; install_wheels
-            server=.stage/bin/s3s-fs
-            if [ "${ZEROHOP_S3_SERVER:-s3s-fs}" = garage ]; then
-                [ -f .stage/garage.xz ] || { echo "no .stage/garage.xz: run 'bash scripts/gpu.sh garage' here, then stage"; exit 2; }
-                server=/tmp/zerohop-garage/garage
-                mkdir -p /tmp/zerohop-garage
-                python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-                    .stage/garage.xz $server
-                chmod +x $server
-            fi
-            peers_run s3 $HOT --modes s3 --s3-server $server --time-limit 540
+            server=$(s3_server)
+            peers_run s3 $HOT --modes s3 --s3-server "$server" --time-limit 540
             ;;
         peers-cold)
             # Cold loads and the raw-read sweep, a fresh 3 GiB copy on disk

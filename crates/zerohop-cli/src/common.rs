@@ -15,6 +15,14 @@ pub struct EngineArgs {
     /// I/O worker threads (by default one per CPU, at least 2, at most 16).
     #[arg(long, default_value_t = EngineConfig::default().io_threads)]
     pub threads: usize,
+    /// Workers of loads from object stores (s3://), each with one ranged
+    /// GET open at a time.
+    #[arg(long, default_value_t = EngineConfig::default().remote_streams)]
+    pub remote_streams: usize,
+    /// Bytes per ranged GET of an object at most (each filling staging
+    /// slots in turn), e.g. 16MiB.
+    #[arg(long, default_value_t = ByteSize(EngineConfig::default().remote_read_bytes))]
+    pub remote_read: ByteSize,
     /// Staging memory in total (pinned on a GPU), e.g. 256MiB.
     #[arg(long, default_value_t = ByteSize(StagingConfig::default().total_bytes as u64))]
     pub staging: ByteSize,
@@ -71,6 +79,8 @@ impl EngineArgs {
     pub fn config(&self) -> EngineConfig {
         let mut c = EngineConfig {
             io_threads: self.threads,
+            remote_streams: self.remote_streams,
+            remote_read_bytes: self.remote_read.0,
             ..EngineConfig::default()
         };
         c.staging = StagingConfig {

@@ -5,13 +5,13 @@
 
 use crate::config::{AddressingStyle, S3Config};
 use crate::location::S3Url;
+use crate::range::RangeReader;
 use crate::retry::RetryPolicy;
 use rusty_s3::actions::{ListObjectsV2, S3Action};
 use rusty_s3::{Bucket, Credentials, UrlStyle};
-use std::io::Read;
 use std::time::Duration;
 use ureq::http::Response;
-use ureq::Body;
+use ureq::{Body, BodyReader};
 use zerohop::{Error, ErrorKind, Result};
 
 /// How long a signed URL stays valid: one attempt's worth (each attempt
@@ -45,8 +45,8 @@ pub struct S3Client {
     name: String,
     pub(crate) credentials: Option<Credentials>,
     pub(crate) agent: ureq::Agent,
-    retry: RetryPolicy,
-    endpoint: String,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) endpoint: String,
 }
 
 impl std::fmt::Debug for S3Client {
@@ -169,23 +169,38 @@ impl S3Client {
         buf: &mut [u8],
     ) -> Result<usize> {
         let want = len.saturating_sub(offset).min(buf.len() as u64) as usize;
-        if want == 0 {
-            return Ok(0);
+        let mut range = RangeReader::new(self, key, etag, offset, offset + want as u64);
+        let mut got = 0;
+        while got < want {
+            got += range.read_some(&mut buf[got..want])?;
         }
+        Ok(want)
+    }
+
+    /// A response carrying bytes `offset .. end` of `key` (`end` past
+    /// `offset`, at most the object's length), whose ETag must still be
+    /// `etag`, ready to be read.
+    pub(crate) fn open_range(
+        &self,
+        key: &str,
+        etag: &str,
+        offset: u64,
+        end: u64,
+    ) -> Result<BodyReader<'static>> {
         let what = self.url(key);
         self.with_retries(&what, || {
             let url = self
                 .bucket
                 .get_object(self.credentials.as_ref(), key)
                 .sign(SIGNATURE_LIFETIME);
-            let range = format!("bytes={offset}-{}", offset + want as u64 - 1);
+            let range = format!("bytes={offset}-{}", end - 1);
             let sent = self
                 .agent
                 .get(url.as_str())
                 .header("Range", &range)
                 .header("If-Match", etag)
                 .call();
-            let mut resp = self.classify(&what, sent).map_err(|f| match f {
+            let resp = self.classify(&what, sent).map_err(|f| match f {
                 Failure::Precondition => replaced(&what, etag).into(),
                 f => f,
             })?;
@@ -200,26 +215,7 @@ impl S3Client {
                 )
                 .into());
             }
-            let mut body = resp.body_mut().as_reader();
-            let mut got = 0;
-            while got < want {
-                match body.read(&mut buf[got..want]) {
-                    Ok(0) => break,
-                    Ok(n) => got += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        return Err(Failure::Passing(format!(
-                            "connection lost after {got} of {want} bytes at offset {offset}: {e}"
-                        )))
-                    }
-                }
-            }
-            if got < want {
-                return Err(Failure::Passing(format!(
-                    "the response ended after {got} of {want} bytes at offset {offset}"
-                )));
-            }
-            Ok(want)
+            Ok(resp.into_body().into_reader())
         })
     }
 

@@ -3,7 +3,9 @@
 use crate::client::{ObjectInfo, S3Client};
 use crate::config::S3Config;
 use crate::location::{is_s3_url, S3Url};
+use crate::range::RangeReader;
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 use zerohop::storage::{RemoteObject, SourceFile};
@@ -23,6 +25,16 @@ impl RemoteObject for ObjectSource {
         self.client
             .read_range(&self.key, &self.etag, self.len, offset, buf)
             .map_err(crate::client::to_io)
+    }
+
+    fn read_stream(&self, offset: u64, end: u64) -> std::io::Result<Box<dyn Read + Send>> {
+        Ok(Box::new(RangeReader::new(
+            self.client.clone(),
+            &self.key,
+            &self.etag,
+            offset,
+            end,
+        )))
     }
 }
 

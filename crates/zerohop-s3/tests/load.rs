@@ -196,6 +196,31 @@ fn throttling_and_dropped_connections_are_retried() {
 }
 
 #[test]
+fn windows_are_read_from_few_requests_that_resume_where_they_broke() {
+    let server = Server::start("streams");
+    let data = pattern((3 << 20) + 12345, 8);
+    server.client().put("blob.bin", &data, false).unwrap();
+    let proxy = FaultProxy::start(server.port);
+    let files = open_sources_with(&config_for(&proxy.endpoint()), &[url("blob.bin")]).unwrap();
+    // Two workers, requests of at most 1 MiB over 64 KiB slots: 4 GETs
+    // for 49 windows. Two connections break inside a response, each
+    // resumed by one GET from the byte where it stopped.
+    let config = EngineConfig {
+        remote_streams: 2,
+        remote_read_bytes: 1 << 20,
+        ..engine().config().clone()
+    };
+    let e = Engine::new(Arc::new(HostDevice::new()), config).unwrap();
+    proxy.faults.cut_after.store(200_000, Ordering::SeqCst);
+    proxy.faults.cuts.store(2, Ordering::SeqCst);
+    let (bufs, stats) = e.load_sources(&files, None).unwrap();
+    assert!(contents(&e, &bufs[0]) == data);
+    assert_eq!(proxy.faults.cuts.load(Ordering::SeqCst), 0);
+    assert_eq!((stats.windows, stats.io_threads), (49, 2));
+    assert_eq!(proxy.faults.gets.load(Ordering::SeqCst), 4 + 2);
+}
+
+#[test]
 fn retries_stop_at_the_stated_limit_with_a_clear_error() {
     let server = Server::start("retry-limit");
     server.client().put("blob.bin", b"abc", false).unwrap();
@@ -221,11 +246,15 @@ fn an_object_replaced_during_a_load_is_an_error_not_mixed_bytes() {
     let c = server.client();
     c.put("blob.bin", &pattern(4 << 20, 5), false).unwrap();
     let files = open_sources_with(&server.config(), &[url("blob.bin")]).unwrap();
-    // One worker: it replaces the object after its first window, before it
-    // reads the next (with more, the others may read every other window
-    // of the old object meanwhile, which is a correct load).
+    // One worker, a request per window: it replaces the object after its
+    // first window, before it asks for the next (with more workers, the
+    // others may read every other window of the old object meanwhile, and
+    // one request for the whole object reads the old one whole: both are
+    // correct loads).
     let mut config = EngineConfig {
         io_threads: 1,
+        remote_streams: 1,
+        remote_read_bytes: 1 << 16,
         ..EngineConfig::default()
     };
     config.staging.slot_bytes = 1 << 16;

@@ -48,7 +48,7 @@ impl Window {
 
 /// Gaps up to this size between extents are read through rather than
 /// starting a new window: one larger read beats two small ones.
-const MAX_GAP: u64 = 256 << 10;
+pub(crate) const MAX_GAP: u64 = 256 << 10;
 
 /// A validated transfer: files, extents (each inside its file and its
 /// destination buffer), and the buffers that keep destinations alive.

@@ -87,9 +87,14 @@ impl StagingPool {
     }
 
     /// Splits the slots among at most `workers` workers (at least one),
-    /// each getting at least two so it can read one while another copies.
-    pub(crate) fn worker_shares(&mut self, workers: usize) -> Vec<&mut [Box<dyn StagingMemory>]> {
-        let n = workers.min(self.slots.len() / 2).max(1);
+    /// each getting at least `min_slots` (two let a worker read one while
+    /// another copies) where there are enough.
+    pub(crate) fn worker_shares(
+        &mut self,
+        workers: usize,
+        min_slots: usize,
+    ) -> Vec<&mut [Box<dyn StagingMemory>]> {
+        let n = workers.min(self.slots.len() / min_slots.max(1)).max(1);
         let per_worker = self.slots.len() / n;
         self.slots.chunks_mut(per_worker).take(n).collect()
     }

@@ -32,3 +32,31 @@ pub(crate) fn smaps_field(at: usize, field: &str) -> String {
         .unwrap_or_else(|| panic!("no {field} in the smaps entry of {at:x}"));
     line[field.len()..].trim().to_string()
 }
+
+/// An object in memory, as a remote object: its streams yield a byte per
+/// read, as a connection may yield less than asked.
+#[derive(Debug)]
+pub(crate) struct MemoryObject(pub Vec<u8>);
+
+struct Trickle(std::io::Cursor<Vec<u8>>);
+
+impl std::io::Read for Trickle {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(1);
+        self.0.read(&mut buf[..n])
+    }
+}
+
+impl crate::storage::RemoteObject for MemoryObject {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        let from = (offset as usize).min(self.0.len());
+        let n = buf.len().min(self.0.len() - from);
+        buf[..n].copy_from_slice(&self.0[from..from + n]);
+        Ok(n)
+    }
+
+    fn read_stream(&self, offset: u64, end: u64) -> std::io::Result<Box<dyn std::io::Read + Send>> {
+        let part = self.0[offset as usize..end as usize].to_vec();
+        Ok(Box::new(Trickle(std::io::Cursor::new(part))))
+    }
+}

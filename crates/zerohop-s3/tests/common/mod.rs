@@ -164,6 +164,8 @@ pub struct Faults {
     pub cut_answers: AtomicUsize,
     /// Connections accepted so far.
     pub accepted: AtomicUsize,
+    /// GET requests relayed so far.
+    pub gets: AtomicUsize,
 }
 
 /// A TCP proxy to a server that injects [`Faults`].
@@ -228,13 +230,14 @@ fn take(n: &AtomicUsize) -> bool {
 
 /// Relays a connection; with `cut`, closes it after that many bytes of the
 /// server's responses, and whenever `faults` asks to cut an answer.
-fn forward(client: TcpStream, upstream: u16, cut: Option<u64>, faults: &Faults) {
+fn forward(client: TcpStream, upstream: u16, cut: Option<u64>, faults: &Arc<Faults>) {
     let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
         return;
     };
     let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    let counts = faults.clone();
     std::thread::spawn(move || {
-        let _ = std::io::copy(&mut c_read, &mut s_write);
+        count_gets(&mut c_read, &mut s_write, &counts.gets);
         let _ = s_write.shutdown(Shutdown::Write);
     });
     let (mut s_read, mut c_write) = (server, client);
@@ -260,6 +263,28 @@ fn forward(client: TcpStream, upstream: u16, cut: Option<u64>, faults: &Faults) 
     }
     let _ = c_write.shutdown(Shutdown::Both);
     let _ = s_read.shutdown(Shutdown::Both);
+}
+
+/// Relays requests from `from` to `to`, counting in `gets` those that are
+/// GETs (a request line starts `GET /`; GETs carry no body to confuse it).
+fn count_gets(from: &mut TcpStream, to: &mut TcpStream, gets: &AtomicUsize) {
+    const MARK: &[u8] = b"GET /";
+    let mut buf = vec![0u8; 64 << 10];
+    // The last bytes of the previous read, where a mark may have begun.
+    let mut carry: Vec<u8> = Vec::new();
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        carry.extend_from_slice(&buf[..n]);
+        let found = carry.windows(MARK.len()).filter(|w| *w == MARK).count();
+        gets.fetch_add(found, Ordering::SeqCst);
+        carry.drain(..carry.len().saturating_sub(MARK.len() - 1));
+        if to.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
 }
 
 /// `len` bytes that differ with `seed` and along the object.

@@ -136,7 +136,18 @@ impl Engine {
         };
         let items = work_items(extents, &routes, caps);
         let windows = items.len();
-        let shares = pool.worker_shares(self.config.io_threads.min(windows));
+        // Workers of remote objects wait on the server: more of them, and
+        // one slot each suffices (its copy is done long before the next
+        // window has arrived).
+        let remote = items
+            .iter()
+            .any(|i| files[i.window.file].remote().is_some());
+        let (workers, min_slots) = match remote {
+            true => (self.config.remote_streams, 1),
+            false => (self.config.io_threads, 2),
+        };
+        let claims = read_pipeline::claims(&items, files, self.config.remote_read_bytes, workers);
+        let shares = pool.worker_shares(workers.min(claims.len()), min_slots);
         let threads = shares.len();
         // Each worker makes its copy queue and reader on its own thread.
         let workers = shares.into_iter().map(|slots| Worker { slots }).collect();
@@ -148,6 +159,7 @@ impl Engine {
             files,
             maps: &maps,
             items,
+            claims,
             check,
             progress,
         };

@@ -72,8 +72,10 @@ impl Engine {
         config: EngineConfig,
         backend: Arc<dyn ReadBackend>,
     ) -> Result<Self> {
-        if config.io_threads == 0 {
-            return Err(Error::invalid("io_threads must be at least 1"));
+        if config.io_threads == 0 || config.remote_streams == 0 {
+            return Err(Error::invalid(
+                "io_threads and remote_streams must be at least 1",
+            ));
         }
         let page = rustix::param::page_size();
         for (name, bytes) in [

@@ -12,11 +12,12 @@ use super::page_cache_dma::populate;
 use super::route::Route;
 use super::workers::{assert_fits, run_workers, Progress, QueuePool};
 use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
-use crate::plan::{Extent, Window, WindowCopy, WorkItem};
+use crate::plan::{Extent, Window, WindowCopy, WorkItem, MAX_GAP};
 use crate::stats::WorkerProfile;
-use crate::storage::{BlockReader, GuardedMapping, IoMode, ReadBackend, SourceFile};
+use crate::storage::{BlockReader, GuardedMapping, IoMode, ReadBackend, RemoteStream, SourceFile};
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -62,12 +63,15 @@ pub(super) struct Job<'a> {
     /// page-cache DMA route.
     pub maps: &'a [Option<GuardedMapping>],
     pub items: Vec<WorkItem>,
+    /// What a worker takes at a time: ranges of `items` (see [`claims`]).
+    pub claims: Vec<Range<usize>>,
     pub check: Option<ReadCheck<'a>>,
     pub progress: Option<Progress<'a>>,
 }
 
 struct Shared<'a> {
     job: &'a Job<'a>,
+    /// The next of `job.claims` to take.
     next: AtomicUsize,
     abort: AtomicBool,
     /// Why pinning a DMA window failed, the first time it did.
@@ -86,6 +90,8 @@ struct Equipment<'s> {
     /// Made at the first read: windows that are copied out of mappings
     /// need none.
     reader: Option<Box<dyn BlockReader>>,
+    /// The current claim's stream, where its windows are a remote object's.
+    stream: Option<RemoteStream>,
 }
 
 /// What a pending fence releases when it passes.
@@ -119,6 +125,7 @@ fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
         slots: w.slots,
         queue: shared.job.queues.take(shared.job.device)?,
         reader: None,
+        stream: None,
     };
     let mut free: Vec<usize> = (0..w.slots.len()).collect();
     let mut pending: VecDeque<(Box<dyn Fence>, Held)> = VecDeque::new();
@@ -146,7 +153,45 @@ fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
     result.and(drained).map(|_| moved)
 }
 
-/// Takes items off the job until none are left or a worker failed.
+/// What workers take at a time: each local window alone; a remote object's
+/// consecutive windows together, to be read from one request (see
+/// [`RemoteStream`]), while they lie at most [`MAX_GAP`] apart and span at
+/// most `max_span` bytes, or less where that leaves fewer claims than
+/// `streams` (but never less than a window).
+pub(super) fn claims(
+    items: &[WorkItem],
+    files: &[SourceFile],
+    max_span: u64,
+    streams: usize,
+) -> Vec<Range<usize>> {
+    let remote = |w: &Window| files[w.file].remote().is_some();
+    let remote_bytes: u64 = items
+        .iter()
+        .filter(|i| remote(&i.window))
+        .map(|i| i.window.needed)
+        .sum();
+    let span = (remote_bytes / streams.max(1) as u64).min(max_span);
+    let mut out: Vec<Range<usize>> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let w = &item.window;
+        let joins = remote(w)
+            && out.last().is_some_and(|c| {
+                let (first, prev) = (&items[c.start].window, &items[c.end - 1].window);
+                let prev_end = prev.start + prev.needed;
+                prev.file == w.file
+                    && w.start >= prev_end
+                    && w.start - prev_end <= MAX_GAP
+                    && w.start + w.needed - first.start <= span
+            });
+        match out.last_mut() {
+            Some(c) if joins => c.end = i + 1,
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
+}
+
+/// Takes claims off the job until none are left or a worker failed.
 fn run_items(
     shared: &Shared<'_>,
     w: &mut Equipment<'_>,
@@ -156,90 +201,139 @@ fn run_items(
 ) -> Result<()> {
     let job = shared.job;
     while !shared.abort.load(Ordering::Relaxed) {
-        let i = shared.next.fetch_add(1, Ordering::Relaxed);
-        let Some(item) = job.items.get(i) else { break };
-        let win = &item.window;
-        match item.route {
-            Route::Staged(mode) => stage(w, free, pending, moved, job, Fill::Read(mode), win)?,
-            Route::MappedCopy => stage(w, free, pending, moved, job, Fill::Mapped, win)?,
-            Route::PageCacheDma => {
-                while pending
-                    .iter()
-                    .filter(|(_, h)| matches!(h, Held::Pin { .. }))
-                    .count()
-                    >= MAX_DMA_IN_FLIGHT
-                {
-                    wait_oldest(pending, free, &mut moved.profile)?;
-                }
-                let map = job.maps[win.file]
-                    .as_ref()
-                    .expect("DMA-route files are mapped");
-                let (ptr, len) = map.range(win.start, win.read_len);
-                assert!(len as u64 >= win.needed, "DMA window past the mapping");
-                let pinning = Instant::now();
-                populate(ptr, len);
-                // SAFETY: the mapping outlives the job, and the pin is held on
-                // `pending` until the copies' fence has passed. Windows never
-                // overlap, so no page is pinned twice.
-                let pinned = unsafe { job.device.pin_host(ptr, len) };
-                moved.profile.pin_seconds += pinning.elapsed().as_secs_f64();
-                match pinned {
-                    Ok(Some(pin)) => {
-                        // SAFETY: the pinned range covers every copy's source
-                        // and stays pinned and mapped until the fence passes
-                        // (or, on an error, until the queue is idle).
-                        let queued = unsafe {
-                            queue_copies(w.queue.as_ref(), ptr, &win.copies, &mut moved.profile)
-                        };
-                        match queued {
-                            Ok(fence) => {
-                                pending.push_back((fence, Held::Pin { _pin: pin }));
-                                moved.page_cache_dma += win.payload();
+        let c = shared.next.fetch_add(1, Ordering::Relaxed);
+        let Some(claim) = job.claims.get(c) else {
+            break;
+        };
+        let items = &job.items[claim.clone()];
+        w.stream = open_stream(job, items)?;
+        for item in items {
+            if shared.abort.load(Ordering::Relaxed) {
+                break;
+            }
+            run_item(shared, w, free, pending, moved, item)?;
+        }
+        w.stream = None;
+    }
+    Ok(())
+}
+
+/// The stream a claim's windows are read from where they are a remote
+/// object's: one request from the first window's start to the last one's
+/// end.
+fn open_stream(job: &Job<'_>, items: &[WorkItem]) -> Result<Option<RemoteStream>> {
+    let (first, last) = (&items[0].window, &items[items.len() - 1].window);
+    let file = &job.files[first.file];
+    let Some(object) = file.remote() else {
+        return Ok(None);
+    };
+    let end = (last.start + last.needed).min(file.len());
+    RemoteStream::open(object.as_ref(), first.start, end)
+        .map(Some)
+        .map_err(|e| {
+            Error::io(
+                file.path(),
+                &format!(
+                    "cannot start a read of {} bytes at offset {} of",
+                    end - first.start,
+                    first.start
+                ),
+                e,
+            )
+        })
+}
+
+/// Moves one item's bytes: reads or copies, then queues the device copies.
+fn run_item(
+    shared: &Shared<'_>,
+    w: &mut Equipment<'_>,
+    free: &mut Vec<usize>,
+    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    moved: &mut Moved,
+    item: &WorkItem,
+) -> Result<()> {
+    let job = shared.job;
+    let win = &item.window;
+    match item.route {
+        Route::Staged(mode) => stage(w, free, pending, moved, job, Fill::Read(mode), win)?,
+        Route::MappedCopy => stage(w, free, pending, moved, job, Fill::Mapped, win)?,
+        Route::PageCacheDma => {
+            while pending
+                .iter()
+                .filter(|(_, h)| matches!(h, Held::Pin { .. }))
+                .count()
+                >= MAX_DMA_IN_FLIGHT
+            {
+                wait_oldest(pending, free, &mut moved.profile)?;
+            }
+            let map = job.maps[win.file]
+                .as_ref()
+                .expect("DMA-route files are mapped");
+            let (ptr, len) = map.range(win.start, win.read_len);
+            assert!(len as u64 >= win.needed, "DMA window past the mapping");
+            let pinning = Instant::now();
+            populate(ptr, len);
+            // SAFETY: the mapping outlives the job, and the pin is held on
+            // `pending` until the copies' fence has passed. Windows never
+            // overlap, so no page is pinned twice.
+            let pinned = unsafe { job.device.pin_host(ptr, len) };
+            moved.profile.pin_seconds += pinning.elapsed().as_secs_f64();
+            match pinned {
+                Ok(Some(pin)) => {
+                    // SAFETY: the pinned range covers every copy's source
+                    // and stays pinned and mapped until the fence passes
+                    // (or, on an error, until the queue is idle).
+                    let queued = unsafe {
+                        queue_copies(w.queue.as_ref(), ptr, &win.copies, &mut moved.profile)
+                    };
+                    match queued {
+                        Ok(fence) => {
+                            pending.push_back((fence, Held::Pin { _pin: pin }));
+                            moved.page_cache_dma += win.payload();
+                        }
+                        Err(e) => {
+                            // Copies queued before the failure may still
+                            // read the pages: the pin outlives them, and
+                            // is leaked rather than released under them
+                            // where even waiting fails.
+                            match w.queue.record().and_then(|f| f.wait()) {
+                                Ok(()) => drop(pin),
+                                Err(_) => std::mem::forget(pin),
                             }
-                            Err(e) => {
-                                // Copies queued before the failure may still
-                                // read the pages: the pin outlives them, and
-                                // is leaked rather than released under them
-                                // where even waiting fails.
-                                match w.queue.record().and_then(|f| f.wait()) {
-                                    Ok(()) => drop(pin),
-                                    Err(_) => std::mem::forget(pin),
-                                }
-                                return Err(e);
-                            }
+                            return Err(e);
                         }
                     }
-                    refused => {
-                        let why = match refused {
-                            Err(e) => e.to_string(),
-                            _ => "this device cannot pin host memory".to_string(),
-                        };
-                        shared.pin_refusal.lock().unwrap().get_or_insert(why);
-                        // The same bytes through staging slots instead.
-                        let extents: Vec<Extent> = win
-                            .copies
-                            .iter()
-                            .map(|c| Extent {
-                                file: win.file,
-                                file_offset: win.start + c.window_offset,
-                                len: c.len,
-                                dst: c.dst,
-                            })
-                            .collect();
-                        let slot_len = w.slots[0].len() as u64;
-                        for sub in
-                            crate::plan::windows(&extents, slot_len, crate::storage::DIRECT_ALIGN)
-                        {
-                            let fill = Fill::Read(IoMode::Buffered);
-                            stage(w, free, pending, moved, job, fill, &sub)?;
-                        }
+                }
+                refused => {
+                    let why = match refused {
+                        Err(e) => e.to_string(),
+                        _ => "this device cannot pin host memory".to_string(),
+                    };
+                    shared.pin_refusal.lock().unwrap().get_or_insert(why);
+                    // The same bytes through staging slots instead.
+                    let extents: Vec<Extent> = win
+                        .copies
+                        .iter()
+                        .map(|c| Extent {
+                            file: win.file,
+                            file_offset: win.start + c.window_offset,
+                            len: c.len,
+                            dst: c.dst,
+                        })
+                        .collect();
+                    let slot_len = w.slots[0].len() as u64;
+                    for sub in
+                        crate::plan::windows(&extents, slot_len, crate::storage::DIRECT_ALIGN)
+                    {
+                        let fill = Fill::Read(IoMode::Buffered);
+                        stage(w, free, pending, moved, job, fill, &sub)?;
                     }
                 }
             }
         }
-        if let Some(p) = job.progress {
-            p(win.payload());
-        }
+    }
+    if let Some(p) = job.progress {
+        p(win.payload());
     }
     Ok(())
 }
@@ -352,8 +446,9 @@ fn copy_window(w: &mut Equipment<'_>, slot: usize, job: &Job<'_>, win: &Window) 
     })
 }
 
-/// Reads `win` into `slot`, falling back to buffered I/O when the file system
-/// refuses an O_DIRECT read. Returns the mode that was used.
+/// Reads `win` into `slot`: from the claim's stream for a remote object,
+/// else with the worker's reader, falling back to buffered I/O when the file
+/// system refuses an O_DIRECT read. Returns the mode that was used.
 fn read_window(
     w: &mut Equipment<'_>,
     slot: usize,
@@ -362,6 +457,20 @@ fn read_window(
     mode: IoMode,
     win: &Window,
 ) -> Result<IoMode> {
+    let staging = &mut w.slots[slot];
+    assert_fits(win, staging.as_ref());
+    // SAFETY: this worker owns the slot exclusively and no copy reads it now
+    // (its last fence has passed), so a unique mutable view is sound.
+    let buf =
+        unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr(), win.read_len as usize) };
+    if let Some(stream) = &mut w.stream {
+        // A remote object's window: just the bytes its copies need.
+        let got = stream
+            .read_at(win.start, &mut buf[..win.needed as usize])
+            .map_err(|e| read_failed(file, win, e))?;
+        short_read(file, win, got)?;
+        return Ok(IoMode::Buffered);
+    }
     let reader = match &mut w.reader {
         Some(r) => r,
         None => w.reader.insert(backend.reader().map_err(|e| {
@@ -372,12 +481,6 @@ fn read_window(
             )
         })?),
     };
-    let staging = &mut w.slots[slot];
-    assert_fits(win, staging.as_ref());
-    // SAFETY: this worker owns the slot exclusively and no copy reads it now
-    // (its last fence has passed), so a unique mutable view is sound.
-    let buf =
-        unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr(), win.read_len as usize) };
     let mut mode = if mode == IoMode::Direct && file.direct_capable() {
         IoMode::Direct
     } else {
@@ -393,18 +496,26 @@ fn read_window(
                 file.refuse_direct();
                 mode = IoMode::Buffered;
             }
-            Err(e) => {
-                return Err(Error::io(
-                    file.path(),
-                    &format!(
-                        "read of {} bytes at offset {} failed in",
-                        win.read_len, win.start
-                    ),
-                    e,
-                ))
-            }
+            Err(e) => return Err(read_failed(file, win, e)),
         }
     };
+    short_read(file, win, got)?;
+    Ok(mode)
+}
+
+fn read_failed(file: &SourceFile, win: &Window, e: std::io::Error) -> Error {
+    Error::io(
+        file.path(),
+        &format!(
+            "read of {} bytes at offset {} failed in",
+            win.read_len, win.start
+        ),
+        e,
+    )
+}
+
+/// An error where a read of `win` got fewer bytes than the window needs.
+fn short_read(file: &SourceFile, win: &Window, got: usize) -> Result<()> {
     if (got as u64) < win.needed {
         // Say how the file changed, where it did.
         file.check_unchanged()?;
@@ -418,7 +529,7 @@ fn read_window(
             ),
         ));
     }
-    Ok(mode)
+    Ok(())
 }
 
 /// Queues a window's copies and returns the fence behind them.
@@ -441,4 +552,75 @@ unsafe fn queue_copies(
     let fence = queue.record();
     profile.queue_seconds += t.elapsed().as_secs_f64();
     fence
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{work_items, WindowCaps, STAGED};
+    use crate::test_support::MemoryObject;
+
+    const K: u64 = 1 << 10;
+
+    fn remote(len: u64) -> SourceFile {
+        let object = MemoryObject(vec![0; len as usize]);
+        SourceFile::remote("s3://b/k", len, Box::new(object))
+    }
+
+    fn extent(file: usize, file_offset: u64, len: u64) -> Extent {
+        Extent {
+            file,
+            file_offset,
+            len,
+            dst: file_offset,
+        }
+    }
+
+    #[test]
+    fn a_remote_objects_consecutive_windows_are_claimed_together() {
+        let local = std::env::temp_dir().join(format!("zh-claims-{}", std::process::id()));
+        std::fs::write(&local, vec![0u8; 128 * K as usize]).unwrap();
+        let files = [remote(1024 * K), SourceFile::open(&local).unwrap()];
+        std::fs::remove_file(&local).unwrap();
+        // 600 KiB, a gap wider than MAX_GAP, 24 KiB more; the local file.
+        let extents = [
+            extent(0, 0, 300 * K),
+            extent(0, 300 * K, 300 * K),
+            extent(0, 1000 * K, 24 * K),
+            extent(1, 0, 128 * K),
+        ];
+        let caps = WindowCaps {
+            slot: 64 * K,
+            mapped: 64 * K,
+            dma: 64 * K,
+        };
+        let items = work_items(&extents, &[STAGED, STAGED], caps);
+        let windows = |c: &Range<usize>| -> Vec<(usize, u64)> {
+            items[c.clone()]
+                .iter()
+                .map(|i| (i.window.file, i.window.start / K))
+                .collect()
+        };
+        // One stream: claims of at most 256 KiB, cut at the gap; the local
+        // file's windows alone.
+        let got: Vec<Vec<(usize, u64)>> = claims(&items, &files, 256 * K, 1)
+            .iter()
+            .map(windows)
+            .collect();
+        let remote_runs = [
+            &[0, 64, 128, 192][..],
+            &[256, 320, 384, 448],
+            &[512, 576],
+            &[1000],
+        ];
+        let mut want: Vec<Vec<(usize, u64)>> = remote_runs
+            .iter()
+            .map(|run| run.iter().map(|&at| (0, at)).collect())
+            .collect();
+        want.extend([vec![(1, 0)], vec![(1, 64)]]);
+        assert_eq!(got, want);
+        // Many streams: a window each, so that every stream gets work.
+        let many = claims(&items, &files, 256 * K, 64);
+        assert_eq!(many.len(), items.len());
+    }
 }

@@ -42,7 +42,7 @@ impl Engine {
             windows = whole_chunks(windows, i, f.len(), slot_bytes);
         }
         let windows = interleave_files(windows);
-        let shares = pool.worker_shares(self.config.io_threads.min(windows.len()));
+        let shares = pool.worker_shares(self.config.io_threads.min(windows.len()), 2);
         let threads = shares.len();
         let mut workers = Vec::with_capacity(threads);
         for share in shares {

@@ -17,6 +17,7 @@ mod uring;
 
 pub use fds::{blocking, regular_file_len, reopen_direct, FilePair};
 pub(crate) use fds::{open_regular, Access};
+pub(crate) use file::RemoteStream;
 pub use file::{IoMode, RemoteObject, SourceFile};
 pub use mapping::{page_cache_residency, FileMapping, GuardedMapping};
 pub use psync::PreadBackend;
