@@ -96,6 +96,8 @@ from peers_child import (PEER_CLASSES, check, cpu_seconds, describe, drop_page_c
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers_child.py")
 LOADERS = ("zerohop-py", "zerohop-cli", "instanttensor", "fastsafetensors", "safetensors", "runai", "kvikio", "boto3")
+# Loaders of local files: boto3 reads objects only.
+FILE_LOADERS = tuple(x for x in LOADERS if x != "boto3")
 assert set(LOADERS) == set(PEER_CLASSES) | {"zerohop-cli"}
 MODES = ("hot", "shapes", "cold", "s3")
 SHAPES = {  # name: extra `zerohop gen` options
@@ -700,14 +702,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--zerohop", default=shutil.which("zerohop"),
                    help="the zerohop binary: the CLI loader, gen, bench raw-read (default: zerohop on PATH)")
     p.add_argument("--rounds", type=int, default=3, help="rounds of hot and shapes; one fresh child per loader per round (default: 3)")
-    p.add_argument("--hot-loaders", type=csv_list(LOADERS), default=list(LOADERS),
-                   help=f"(default: all: {','.join(LOADERS)})")
-    p.add_argument("--shape-loaders", type=csv_list(LOADERS), default=["zerohop-py", "zerohop-cli", "instanttensor"],
+    p.add_argument("--hot-loaders", type=csv_list(FILE_LOADERS), default=list(FILE_LOADERS),
+                   help=f"(default: all: {','.join(FILE_LOADERS)})")
+    p.add_argument("--shape-loaders", type=csv_list(FILE_LOADERS), default=["zerohop-py", "zerohop-cli", "instanttensor"],
                    help="(default: zerohop-py,zerohop-cli,instanttensor)")
     p.add_argument("--shape-size", type=size_text,
                    help="size of each generated shape model (default: FILE's size rounded up to whole GiB)")
     p.add_argument("--shape-dir", default="/dev/shm", help="where the shape models go, tmpfs (default: /dev/shm)")
-    p.add_argument("--cold-loaders", type=csv_list(LOADERS), default=["zerohop-py", "zerohop-cli", "fastsafetensors", "instanttensor"],
+    p.add_argument("--cold-loaders", type=csv_list(FILE_LOADERS), default=["zerohop-py", "zerohop-cli", "fastsafetensors", "instanttensor"],
                    help="(default: zerohop-py,zerohop-cli,fastsafetensors,instanttensor; safetensors is slow)")
     p.add_argument("--cold-rounds", type=int, help="rounds of cold (default: --rounds)")
     p.add_argument("--cold-size", default="3GiB", type=size_text,

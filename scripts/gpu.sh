@@ -273,7 +273,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             rm -rf $ck; zerohop checkpoint save --from $HOT $ck > /dev/null
             for round in 1 2 3; do
                 for drop in no yes; do
-                    for route in mapped staged; do
+                    for route in ${ZEROHOP_RESTORE_ROUTES:-mapped staged}; do
                         [ $drop = yes ] && { sync; echo 3 > /proc/sys/vm/drop_caches; }
                         r=$(zerohop checkpoint restore $ck --hot-route $route --json | python3 bench/probe/transfer_line.py)
                         echo "restore r$round drop=$drop $route $r" | tee -a "$OUT/restore-routes.txt"

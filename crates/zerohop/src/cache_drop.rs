@@ -11,26 +11,70 @@ pub enum CacheDrop {
     DropCaches,
     /// `posix_fadvise(DONTNEED)` on the file only.
     Fadvise,
+    /// Nothing done: the file lives in memory (tmpfs, ramfs), whose pages
+    /// cannot be dropped. A drop only moves them to the inactive list, and
+    /// on the reference machine mapped reads of them then ran at 13 - 16
+    /// GB/s instead of 24 - 40, for good (bench/results/
+    /// 2026-12-01-h200-session15), a state that a restore right after a save
+    /// never meets.
+    MemoryFileSystem,
 }
 
+/// `f_type`s of memory file systems in `statfs` (linux/magic.h).
+const TMPFS_MAGIC: u64 = 0x0102_1994;
+const RAMFS_MAGIC: u64 = 0x8584_58f6;
+
 /// Drops `path` from the page cache: drop_caches where permitted, else
-/// fadvise DONTNEED. Says which was done and the residency afterwards.
+/// fadvise DONTNEED; nothing on a memory file system. Says which was done
+/// and the residency afterwards.
 pub fn drop_from_page_cache(path: &Path) -> std::io::Result<(CacheDrop, f64)> {
     let (f, stamp) = crate::storage::open_regular(path, crate::storage::Access::Read)
         .map_err(std::io::Error::other)?;
+    let in_memory = rustix::fs::fstatfs(&f)
+        .is_ok_and(|fs| [TMPFS_MAGIC, RAMFS_MAGIC].contains(&(fs.f_type as u64)));
     // Dirty pages cannot be dropped: write them first. Failing that, the
     // residency reported below says what stayed cached.
     let _ = rustix::fs::fdatasync(&f);
     rustix::fs::sync();
-    let how = match std::fs::write("/proc/sys/vm/drop_caches", "1") {
-        Ok(()) => CacheDrop::DropCaches,
-        Err(_) => {
-            rustix::fs::fadvise(&f, 0, None, Advice::DontNeed)?;
-            CacheDrop::Fadvise
-        }
+    let how = match in_memory {
+        true => CacheDrop::MemoryFileSystem,
+        false => drop_caches(&f)?,
     };
     Ok((
         how,
         crate::storage::page_cache_residency(&f, stamp.len).unwrap_or(0.0),
     ))
+}
+
+/// drop_caches where permitted, else fadvise DONTNEED on `f`.
+fn drop_caches(f: &std::fs::File) -> std::io::Result<CacheDrop> {
+    Ok(match std::fs::write("/proc/sys/vm/drop_caches", "1") {
+        Ok(()) => CacheDrop::DropCaches,
+        Err(_) => {
+            rustix::fs::fadvise(f, 0, None, Advice::DontNeed)?;
+            CacheDrop::Fadvise
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_in_memory_are_left_as_they_are() {
+        let dir = Path::new("/dev/shm");
+        let on_tmpfs = rustix::fs::statfs(dir).is_ok_and(|fs| fs.f_type as u64 == TMPFS_MAGIC);
+        if !on_tmpfs {
+            eprintln!("skipped: /dev/shm is not a tmpfs here");
+            return;
+        }
+        let path = dir.join(format!("zerohop-cache-drop-{}", std::process::id()));
+        std::fs::write(&path, vec![1u8; 1 << 20]).unwrap();
+        let dropped = drop_from_page_cache(&path);
+        std::fs::remove_file(&path).unwrap();
+        let (how, left) = dropped.unwrap();
+        assert_eq!(how, CacheDrop::MemoryFileSystem);
+        assert_eq!(left, 1.0);
+    }
 }

@@ -9,7 +9,7 @@ use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
-use zerohop::cache_drop::drop_from_page_cache;
+use zerohop::cache_drop::{drop_from_page_cache, CacheDrop};
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
 use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions, Saved};
 
@@ -170,18 +170,15 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
         cache.push((how, left));
     }
     let left = cache.iter().map(|c| c.1).fold(0.0, f64::max);
-    let how = cache
-        .first()
-        .map_or("nothing".into(), |c| format!("{:?}", c.0));
-    let restore_cache = format!(
-        "page cache dropped with {how} before restore; up to {:.0}% stayed cached{}",
-        left * 100.0,
-        if left > 0.5 {
-            " (memory file system)"
-        } else {
-            ""
+    let restore_cache = match cache.first().map(|c| c.0) {
+        Some(CacheDrop::MemoryFileSystem) | None => {
+            "page cache kept: a memory file system".to_string()
         }
-    );
+        Some(how) => format!(
+            "page cache dropped with {how:?} before restore; up to {:.0}% stayed cached",
+            left * 100.0
+        ),
+    };
     let restored = ckpt::restore(&engine, &at, None)?;
     let restore_gbps = restored.stats.gbps;
     say(format!(

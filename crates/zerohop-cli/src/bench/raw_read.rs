@@ -130,6 +130,7 @@ pub fn run(a: &BenchRawReadArgs) -> Result<()> {
         match cache_drop {
             Some(CacheDrop::DropCaches) => "cache dropped by drop_caches",
             Some(CacheDrop::Fadvise) => "cache dropped by fadvise(DONTNEED)",
+            Some(CacheDrop::MemoryFileSystem) => "cache kept: a memory file system",
             None => "no page cache to drop (objects)",
         }
     );
