@@ -12,11 +12,11 @@ pub enum CacheDrop {
     /// `posix_fadvise(DONTNEED)` on the file only.
     Fadvise,
     /// Nothing done: the file lives in memory (tmpfs, ramfs), whose pages
-    /// cannot be dropped. A drop only moves them to the inactive list, and
-    /// on the reference machine mapped reads of them then ran at 13 - 16
-    /// GB/s instead of 24 - 40, for good (bench/results/
-    /// 2026-12-01-h200-session15), a state that a restore right after a save
-    /// never meets.
+    /// cannot be dropped. A drop would leave them slow to map: on the
+    /// reference machine, mapped restores of a tmpfs checkpoint ran at 24 -
+    /// 40 GB/s before one and 13 - 16 after it, in every later restore
+    /// (bench/results/2026-12-01-h200-session15), a state that a restore
+    /// right after a save never meets.
     MemoryFileSystem,
 }
 
