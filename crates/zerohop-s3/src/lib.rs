@@ -7,9 +7,9 @@
 //! ranged GETs ([`open_sources`]): the engine reads it into its staging
 //! slots as it reads a local file, so host memory stays within staging
 //! whatever the object's size; a worker reads a run of consecutive windows
-//! from one response, so requests stay large. Every read carries the ETag seen when the
-//! object was opened (`If-Match`): an object replaced meanwhile is an error,
-//! never mixed bytes. Configuration comes from the environment and the AWS
+//! from one response, so requests stay large. Every request carries the
+//! ETag seen when the object was opened (`If-Match`): an object replaced
+//! meanwhile is an error, never mixed bytes. Configuration comes from the environment and the AWS
 //! files, as AWS tools read them ([`S3Config::from_env`]).
 #![forbid(unsafe_code)]
 

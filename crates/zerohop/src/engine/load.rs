@@ -146,7 +146,7 @@ impl Engine {
             true => (self.config.remote_streams, 1),
             false => (self.config.io_threads, 2),
         };
-        let claims = read_pipeline::claims(&items, files, self.config.remote_read_bytes, workers);
+        let claims = super::claims::claims(&items, files, self.config.remote_read_bytes, workers);
         let shares = pool.worker_shares(workers.min(claims.len()), min_slots);
         let threads = shares.len();
         // Each worker makes its copy queue and reader on its own thread.

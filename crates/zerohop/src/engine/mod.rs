@@ -5,6 +5,7 @@
 //! the mapped-copy and page-cache DMA routes; `write` runs saves through `write_pipeline`; `workers` is what the
 //! two pipelines share; `config` the settings.
 
+mod claims;
 mod config;
 pub mod hot_choice;
 mod load;

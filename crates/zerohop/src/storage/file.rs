@@ -214,11 +214,11 @@ impl SourceFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::MemoryObject as Bytes;
+    use crate::test_support::MemoryObject;
 
     #[test]
     fn a_remote_stream_fills_windows_in_order_skipping_gaps() {
-        let object = Bytes((0..=255u8).collect());
+        let object = MemoryObject((0..=255u8).collect());
         let mut s = RemoteStream::open(&object, 10, 200).unwrap();
         let mut buf = [0u8; 8];
         assert_eq!(s.read_at(10, &mut buf).unwrap(), 8);
@@ -235,7 +235,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "streamed in file order")]
     fn a_remote_stream_never_goes_back() {
-        let object = Bytes(vec![7; 64]);
+        let object = MemoryObject(vec![7; 64]);
         let mut s = RemoteStream::open(&object, 0, 64).unwrap();
         let mut buf = [0u8; 16];
         s.read_at(16, &mut buf).unwrap();
