@@ -265,9 +265,10 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
         restore-routes)
             # A checkpoint's restore from tmpfs by route (mapped copies or
             # read()), with and without dropping the page cache first: the
-            # drop cannot evict tmpfs pages, but `bench checkpoint` does it
-            # before its restore and then restored at a third of the
-            # suspend test's rate (bench/results/2026-12-01-h200-session14).
+            # drop cannot evict tmpfs pages, yet mapped restores of them
+            # ran at a third of the rate after it (bench/results/
+            # 2026-12-01-h200-session15), which is why benchmarks no longer
+            # drop the cache of memory file systems.
             warm_memory; ensure_hot
             ck=/dev/shm/zerohop-restore-routes
             rm -rf $ck; zerohop checkpoint save --from $HOT $ck > /dev/null
