@@ -8,7 +8,7 @@
 #
 # Steps: warm (touch host memory before timing), info, tests, python, s3,
 # s3-checkpoint, hot,
-# cold, probe, sweep, cold-sweep, cold-patterns, restore-routes, phases, timeline, peers, peers-hot, peers-shapes, peers-cold, distributed (2 GPUs),
+# cold, probe, sweep, cold-sweep, cold-patterns, restore-routes, context-memory, phases, timeline, peers, peers-hot, peers-shapes, peers-cold, distributed (2 GPUs),
 # checkpoint, save, suspend, agent, compare and
 # compare-save (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
@@ -317,6 +317,12 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # shellcheck disable=SC2086 # ZEROHOP_SUSPEND_ARGS is a list of options
             PYTHONUNBUFFERED=1 python3 bench/suspend.py --zerohop .stage/bin/zerohop ${ZEROHOP_SUSPEND_ARGS:-} \
                 --json-out "$OUT/suspend.json" 2>&1 | tee "$OUT/suspend.txt"
+            ;;
+        context-memory)
+            # What a CUDA context holds beyond allocations, and what its
+            # limits account for (issue 14: what the driver's process
+            # checkpoint stages after a zerohop suspend).
+            python3 bench/probe/context_memory.py 2>&1 | tee "$OUT/context-memory.txt"
             ;;
         save)
             # zerohop alone: 16 GiB saved and restored, tmpfs twice, disk once,

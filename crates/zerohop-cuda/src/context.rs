@@ -70,6 +70,34 @@ impl Context {
         Ok((free as u64, total as u64))
     }
 
+    /// The per-thread stack size kernels get, in bytes. The context keeps
+    /// that much device memory aside for every thread the device can run
+    /// at once, whether or not a kernel needs it: 264 MiB of an H200 at the
+    /// default of 1 KiB (`bench/probe/context_memory.py`).
+    pub fn thread_stack_bytes(&self) -> Result<usize> {
+        self.bind()?;
+        let mut bytes = 0usize;
+        // SAFETY: writes one integer; a context is current.
+        check(
+            unsafe { sys::cuCtxGetLimit(&mut bytes, sys::CUlimit::CU_LIMIT_STACK_SIZE) },
+            "cuCtxGetLimit(CU_LIMIT_STACK_SIZE)",
+        )?;
+        Ok(bytes)
+    }
+
+    /// Sets the per-thread stack size, and with it the memory kept aside
+    /// (see [`thread_stack_bytes`](Self::thread_stack_bytes)). The driver
+    /// still gives a kernel the stack it was compiled to need: 0 keeps only
+    /// what launches ask for.
+    pub fn set_thread_stack_bytes(&self, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: plain values; a context is current.
+        check(
+            unsafe { sys::cuCtxSetLimit(sys::CUlimit::CU_LIMIT_STACK_SIZE, bytes) },
+            "cuCtxSetLimit(CU_LIMIT_STACK_SIZE)",
+        )
+    }
+
     /// Waits for all work in this context.
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;

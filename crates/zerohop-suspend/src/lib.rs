@@ -18,7 +18,7 @@ pub mod control;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use zerohop::device::{DeviceAddr, ReservedMemory};
+use zerohop::device::{Device, DeviceAddr, ReservedMemory};
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Progress, Result, TransferStats};
 use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions, Saved};
 
@@ -42,6 +42,9 @@ struct Heap {
     allocations: BTreeMap<DeviceAddr, (Box<dyn ReservedMemory>, usize)>,
     /// Where the heap was suspended to, while it is.
     suspended: Option<PathBuf>,
+    /// The per-thread stack size to put back on resume, where the suspend
+    /// handed the device's stack reserve back (see `release_stack_reserve`).
+    thread_stack: Option<usize>,
 }
 
 /// What a resume did.
@@ -73,6 +76,7 @@ impl SuspendableHeap {
             heap: Mutex::new(Heap {
                 allocations: BTreeMap::new(),
                 suspended: None,
+                thread_stack: None,
             }),
         }
     }
@@ -142,7 +146,9 @@ impl SuspendableHeap {
 
     /// Saves every allocation as a new checkpoint at `dir` (incrementally
     /// against `parent`, an earlier suspend's checkpoint, if given), then
-    /// releases their memory. If a release fails, the heap counts as
+    /// releases their memory, and the device's stack reserve (see
+    /// `release_stack_reserve`; while suspended, kernels get only the
+    /// stack they are compiled to need). If a release fails, the heap counts as
     /// suspended (the checkpoint is whole) and the error is returned.
     ///
     /// # Safety
@@ -177,6 +183,7 @@ impl SuspendableHeap {
         )?;
         drop(regions); // the borrows end before the memory goes
         heap.suspended = Some(dir.to_path_buf());
+        heap.thread_stack = release_stack_reserve(self.engine.device().as_ref());
         let mut released_bytes = 0;
         let mut first_error = None;
         for (memory, _) in heap.allocations.values_mut() {
@@ -213,6 +220,9 @@ impl SuspendableHeap {
         }
         let started = std::time::Instant::now();
         let restored: Result<Resumed> = (|| {
+            if let Some(bytes) = heap.thread_stack {
+                self.engine.device().set_thread_stack_bytes(bytes)?;
+            }
             back_all(&mut heap.allocations)?;
             let backing_seconds = started.elapsed().as_secs_f64();
             // SAFETY: forwarded contract; every allocation is backed now.
@@ -232,9 +242,15 @@ impl SuspendableHeap {
         match restored {
             Ok(resumed) => {
                 heap.suspended = None;
+                heap.thread_stack = None;
                 Ok(resumed)
             }
             Err(e) => {
+                if heap.thread_stack.is_some() {
+                    // Best effort, as below: a reserve that stays is one
+                    // the next resume sets again.
+                    let _ = self.engine.device().set_thread_stack_bytes(0);
+                }
                 for (memory, _) in heap.allocations.values_mut() {
                     // Best effort: a range that stays backed is backed
                     // memory the next resume reuses.
@@ -261,6 +277,17 @@ impl SuspendableHeap {
             })
             .collect()
     }
+}
+
+/// Sets the device's per-thread stack size to 0, which hands back the
+/// memory it keeps aside for every thread it can run (264 MiB of an H200,
+/// a third of what a suspended PyTorch process still holds): kernels still
+/// get the stack they are compiled to need, and the size is put back on
+/// resume. Returns that size; `None` where there is no reserve or the
+/// device refused, which leaves the suspend as it is.
+fn release_stack_reserve(device: &dyn Device) -> Option<usize> {
+    let bytes = device.thread_stack_bytes().ok().flatten()?;
+    (bytes > 0 && device.set_thread_stack_bytes(0).is_ok()).then_some(bytes)
 }
 
 /// Puts memory behind every allocation, on a few threads at once (each

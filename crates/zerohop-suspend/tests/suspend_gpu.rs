@@ -49,17 +49,25 @@ fn gpu_memory_is_handed_back_and_restored_at_the_same_addresses() {
     let dir = TestDir::under(std::path::Path::new("/dev/shm"), "suspend-gpu");
     let data = filled(&heap, dev.as_ref(), &[(256 << 20) + 3, 1000, 512 << 20], 30);
     let (free_before, _) = ctx.memory_info().unwrap();
+    let stack = ctx.thread_stack_bytes().unwrap();
     let path = dir.path("s");
     // SAFETY: nothing else touches the heap's memory in this test.
     let s = unsafe { heap.suspend(&path, None, None) }.unwrap();
     let (free_suspended, _) = ctx.memory_info().unwrap();
     eprintln!(
-        "suspended {} MiB in {:.3} s ({}); driver's free memory {} -> {} MiB",
+        "suspended {} MiB in {:.3} s ({}); driver's free memory {} -> {} MiB (per-thread stack {} -> {} bytes)",
         s.released_bytes >> 20,
         s.saved.seconds,
         s.saved.checksums,
         free_before >> 20,
-        free_suspended >> 20
+        free_suspended >> 20,
+        stack,
+        ctx.thread_stack_bytes().unwrap(),
+    );
+    assert_eq!(
+        ctx.thread_stack_bytes().unwrap(),
+        0,
+        "the stack reserve went back"
     );
     // The save itself may take a little device memory for good (its
     // first use loads the checksum kernel: 10 MiB on the H200), so the
@@ -70,6 +78,7 @@ fn gpu_memory_is_handed_back_and_restored_at_the_same_addresses() {
     );
     // SAFETY: as above.
     let r = unsafe { heap.resume(&path, None) }.unwrap();
+    assert_eq!(ctx.thread_stack_bytes().unwrap(), stack, "and came back");
     eprintln!(
         "resumed at {:.2} GB/s after {:.3} s of backing",
         r.stats.gbps, r.backing_seconds

@@ -55,6 +55,11 @@ fn a_suspended_heap_comes_back_at_the_same_addresses_with_the_same_bytes() {
     assert!(s.released_bytes >= sizes.iter().sum::<usize>() as u64);
     assert_eq!(heap.backed_bytes(), 0);
     assert_eq!(heap.suspended_to(), Some(first.clone()));
+    assert_eq!(
+        dev.thread_stack_bytes().unwrap(),
+        Some(0),
+        "the stack reserve is handed back too"
+    );
     let refused = heap.alloc(10).unwrap_err();
     assert!(
         refused.to_string().contains("the heap is suspended to"),
@@ -66,6 +71,7 @@ fn a_suspended_heap_comes_back_at_the_same_addresses_with_the_same_bytes() {
     // SAFETY: as above.
     unsafe { heap.resume(&first, None) }.unwrap();
     assert_eq!(heap.suspended_to(), None);
+    assert_eq!(dev.thread_stack_bytes().unwrap(), Some(1024), "put back");
     assert_eq!(heap.backed_bytes(), s.released_bytes);
     let mut want: Vec<(u64, usize)> = data.iter().map(|(a, d)| (*a, d.len())).collect();
     want.sort();
@@ -131,6 +137,7 @@ fn a_resume_from_a_damaged_or_missing_checkpoint_leaves_the_heap_suspended() {
         0,
         "released again after the failed resume"
     );
+    assert_eq!(dev.thread_stack_bytes().unwrap(), Some(0), "and the stack");
     // SAFETY: as above.
     let e = unsafe { heap.resume(&dir.path("missing"), None) }.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
@@ -139,6 +146,7 @@ fn a_resume_from_a_damaged_or_missing_checkpoint_leaves_the_heap_suspended() {
     // SAFETY: as above.
     unsafe { heap.resume(&good, None) }.unwrap();
     assert!(contents(dev.as_ref(), addr, bytes.len()) == bytes);
+    assert_eq!(dev.thread_stack_bytes().unwrap(), Some(1024));
 }
 
 #[test]

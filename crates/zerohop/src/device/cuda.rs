@@ -136,6 +136,14 @@ impl Device for CudaDevice {
         )?))))
     }
 
+    fn thread_stack_bytes(&self) -> Result<Option<usize>> {
+        Ok(Some(self.ctx.thread_stack_bytes()?))
+    }
+
+    fn set_thread_stack_bytes(&self, bytes: usize) -> Result<()> {
+        Ok(self.ctx.set_thread_stack_bytes(bytes)?)
+    }
+
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         let src = src.slice(offset, dst.len())?;
         // Borrowed buffers have no `DeviceAllocation` to call; copy through a

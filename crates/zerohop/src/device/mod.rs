@@ -337,6 +337,22 @@ pub trait Device: Send + Sync {
         Ok(None)
     }
 
+    /// The per-thread stack size this device's kernels get, for which it
+    /// keeps memory aside whether or not a kernel needs it (CUDA: the
+    /// limit times every thread the device can run at once, 264 MiB of an
+    /// H200); `None` where there is no such reserve.
+    fn thread_stack_bytes(&self) -> Result<Option<usize>> {
+        Ok(None)
+    }
+
+    /// Sets that stack size, and with it the reserve; 0 keeps only what
+    /// kernels are compiled to need (the driver gives a launch that). A
+    /// no-op where there is no reserve.
+    fn set_thread_stack_bytes(&self, bytes: usize) -> Result<()> {
+        let _ = bytes;
+        Ok(())
+    }
+
     /// Copies device memory back to the host, synchronously (for `--verify`).
     fn read_back(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()>;
 

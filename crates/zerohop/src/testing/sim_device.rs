@@ -86,6 +86,9 @@ pub struct SimDevice {
     /// Framework streams waited for, in order (the simulation has no
     /// streams of its own to wait on; tests check the engine asked).
     stream_waits: Mutex<Vec<u64>>,
+    /// The per-thread stack size, as a CUDA context keeps one (no memory
+    /// is set aside for it here; tests check who changes it).
+    thread_stack: AtomicU64,
 }
 
 impl SimDevice {
@@ -99,6 +102,8 @@ impl SimDevice {
             accepted: Arc::default(),
             queues_made: AtomicU64::new(0),
             stream_waits: Mutex::default(),
+            // CUDA's default.
+            thread_stack: AtomicU64::new(1024),
         }
     }
 
@@ -246,6 +251,15 @@ impl Device for SimDevice {
     fn reserve(&self, len: usize) -> Result<Option<Box<dyn ReservedMemory>>> {
         // Host memory, as every simulated allocation is.
         Ok(Some(Box::new(HostReservation::new(len)?)))
+    }
+
+    fn thread_stack_bytes(&self) -> Result<Option<usize>> {
+        Ok(Some(self.thread_stack.load(Ordering::SeqCst) as usize))
+    }
+
+    fn set_thread_stack_bytes(&self, bytes: usize) -> Result<()> {
+        self.thread_stack.store(bytes as u64, Ordering::SeqCst);
+        Ok(())
     }
 
     fn pins_staging(&self) -> bool {
