@@ -15,6 +15,9 @@ import subprocess
 import sys
 
 LIMITS = {"stack": 0x00, "printf_fifo": 0x01, "malloc_heap": 0x02}
+# The rest of CUlimit, tried on a bare context only.
+OTHER_LIMITS = {"dev_runtime_sync_depth": 0x03, "dev_runtime_pending_launch_count": 0x04,
+                "max_l2_fetch_granularity": 0x05, "persisting_l2_cache_size": 0x06}
 
 
 def driver():
@@ -23,9 +26,9 @@ def driver():
     return cuda
 
 
-def limits(cuda) -> dict:
+def limits(cuda, which: dict = LIMITS) -> dict:
     out = {}
-    for name, code in LIMITS.items():
+    for name, code in which.items():
         v = ctypes.c_size_t()
         rc = cuda.cuCtxGetLimit(ctypes.byref(v), code)
         out[name] = v.value if rc == 0 else f"error {rc}"
@@ -46,7 +49,8 @@ def bare() -> None:
     assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
     assert cuda.cuCtxSetCurrent(ctx) == 0
     print(f"bare context: device memory in use {used_mib(cuda):.0f} MiB, limits {limits(cuda)}", flush=True)
-    for name, code in LIMITS.items():
+    print(f"bare context: other limits {limits(cuda, OTHER_LIMITS)}", flush=True)
+    for name, code in {**LIMITS, **OTHER_LIMITS}.items():
         rc = cuda.cuCtxSetLimit(code, 0)
         print(f"bare context: {name} set to 0 (rc {rc}): in use {used_mib(cuda):.0f} MiB", flush=True)
 
