@@ -44,9 +44,12 @@ def suspendable(device: Any = "cuda") -> Iterator[Any]:
 def suspend(dir: PathLike, device: Any = "cuda", parent: Optional[PathLike] = None, progress: Any = False) -> Dict[str, Any]:
     """Waits for `device`'s work, saves every allocation of its suspendable
     heap as a new checkpoint at `dir` (incrementally against `parent`, an
-    earlier suspend's), and gives the memory back. Until `resume` returns,
-    the heap's tensors must not be used. Returns the seconds until durable,
-    the bytes written and released, and the save's stats."""
+    earlier suspend's), and gives the memory back, with the memory CUDA
+    keeps aside for kernels' stacks (the per-thread stack size is 0 until
+    the resume; kernels still get what they are compiled to need). Until
+    `resume` returns, the heap's tensors must not be used. Returns the
+    seconds until durable, the bytes written and released, and the save's
+    stats."""
     name = _buffers.device_name(device)
     if name.startswith("cuda"):
         import torch
