@@ -32,10 +32,6 @@ pub fn drop_from_page_cache(path: &Path) -> std::io::Result<(CacheDrop, f64)> {
         .map_err(std::io::Error::other)?;
     let in_memory = rustix::fs::fstatfs(&f)
         .is_ok_and(|fs| [TMPFS_MAGIC, RAMFS_MAGIC].contains(&(fs.f_type as u64)));
-    // Dirty pages cannot be dropped: write them first. Failing that, the
-    // residency reported below says what stayed cached.
-    let _ = rustix::fs::fdatasync(&f);
-    rustix::fs::sync();
     let how = match in_memory {
         true => CacheDrop::MemoryFileSystem,
         false => drop_caches(&f)?,
@@ -48,6 +44,10 @@ pub fn drop_from_page_cache(path: &Path) -> std::io::Result<(CacheDrop, f64)> {
 
 /// drop_caches where permitted, else fadvise DONTNEED on `f`.
 fn drop_caches(f: &std::fs::File) -> std::io::Result<CacheDrop> {
+    // Dirty pages cannot be dropped: write them first. Failing that, the
+    // residency reported says what stayed cached.
+    let _ = rustix::fs::fdatasync(f);
+    rustix::fs::sync();
     Ok(match std::fs::write("/proc/sys/vm/drop_caches", "1") {
         Ok(()) => CacheDrop::DropCaches,
         Err(_) => {
