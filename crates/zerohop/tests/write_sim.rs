@@ -530,3 +530,66 @@ fn remote_objects_get_whole_parts_with_host_bytes_and_zeros() {
         "{err}"
     );
 }
+
+/// A remote object whose `write_part` holds each part until `want` parts
+/// are being sent at once (or a second has passed), and counts the most
+/// that were.
+#[derive(Debug, Default)]
+struct SlowObject {
+    want: usize,
+    part_bytes: u64,
+    sending: std::sync::Mutex<(usize, usize)>,
+    changed: std::sync::Condvar,
+}
+
+/// The engine owns its sink; the test keeps a handle on the object.
+#[derive(Debug)]
+struct SlowSink(Arc<SlowObject>);
+
+impl zerohop::storage::RemoteSink for SlowSink {
+    fn part_bytes(&self) -> u64 {
+        self.0.part_bytes
+    }
+    fn write_part(&self, _: u64, _: &[u8]) -> std::io::Result<()> {
+        let o = &self.0;
+        let mut g = o.sending.lock().unwrap();
+        g.0 += 1;
+        g.1 = g.1.max(g.0);
+        o.changed.notify_all();
+        let (mut g, _) = o
+            .changed
+            .wait_timeout_while(g, Duration::from_secs(1), |g| g.1 < o.want)
+            .unwrap();
+        g.0 -= 1;
+        Ok(())
+    }
+    fn finish(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes to remote objects wait on the server, so every I/O thread sends
+/// a part at once from a slot of its own: four threads and four slots keep
+/// four parts in flight (two slots per thread would halve that).
+#[test]
+fn remote_writes_keep_a_part_in_flight_per_thread() {
+    let slot = 16 << 10;
+    let e = engine(slot, 4, 4);
+    let len = 8 * slot as u64;
+    let object = Arc::new(SlowObject {
+        want: 4,
+        part_bytes: slot as u64,
+        ..Default::default()
+    });
+    let files = vec![SinkFile::remote(
+        "mem://slow",
+        len,
+        Box::new(SlowSink(object.clone())),
+    )];
+    let buf = upload(&e, &pattern(len as usize, 6));
+    let mut plan = TransferPlan::new();
+    plan.add(&files, 0, 0, len, &buf, 0).unwrap();
+    let stats = e.write(&files, &plan, None, None).unwrap();
+    assert_eq!(stats.io_threads, 4);
+    assert_eq!(object.sending.lock().unwrap().1, 4);
+}

@@ -42,7 +42,14 @@ impl Engine {
             windows = whole_chunks(windows, i, f.len(), slot_bytes);
         }
         let windows = interleave_files(windows);
-        let shares = pool.worker_shares(self.config.io_threads.min(windows.len()), 2);
+        // A worker sends one part at a time and waits on the server for it:
+        // with remote objects one slot each suffices (its copy is done long
+        // before the part is sent), so as many parts are in flight as there
+        // are threads. Local writes keep two slots each, a copy overlapping
+        // each write.
+        let remote = files.iter().any(|f| f.remote().is_some());
+        let min_slots = if remote { 1 } else { 2 };
+        let shares = pool.worker_shares(self.config.io_threads.min(windows.len()), min_slots);
         let threads = shares.len();
         let mut workers = Vec::with_capacity(threads);
         for share in shares {
