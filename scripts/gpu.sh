@@ -186,16 +186,20 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # ZEROHOP_S3_SERVER=garage) and restored, against the server's
             # raw multipart upload and ranged GET rates and with the
             # process's resident memory sampled (bench checkpoint).
-            # Host memory touched once first, so the first raw upload into
-            # tmpfs does not pay the VM's first-touch cost the save would not.
-            warm_memory
+            # Host memory touched once first (as much as a round stores),
+            # so no upload into tmpfs pays the VM's first-touch cost.
+            ZEROHOP_WARM_GIB=${ZEROHOP_WARM_GIB:-56} warm_memory
+            df -h /dev/shm
             server=$(s3_server)
-            # shellcheck disable=SC2016 # expanded by the inner shell
-            python3 bench/peers_s3.py "$server" /dev/shm -- bash -c '
-                for round in 1 2; do
+            # A fresh server each round: one round stores about 48 GiB (the
+            # checkpoint and four raw uploads; Garage frees deleted blocks
+            # only ten minutes later).
+            for round in 1 2; do
+                # shellcheck disable=SC2016 # expanded by the inner shell
+                python3 bench/peers_s3.py "$server" /dev/shm -- bash -c '
                     zerohop bench checkpoint --size "${ZEROHOP_S3_CKPT_SIZE:-16GiB}" --dir s3://models/ckpt \
-                        --device cuda ${ZEROHOP_S3_CKPT_ARGS:-} 2>&1 | sed "s/^/round $round: /"
-                done' | tee "$OUT/s3-checkpoint.txt"
+                        --device cuda ${ZEROHOP_S3_CKPT_ARGS:-} 2>&1' | sed "s/^/round $round: /"
+            done | tee "$OUT/s3-checkpoint.txt"
             ;;
         hot)
             ensure_hot

@@ -4,7 +4,7 @@
 //! host memory while it saves and restores.
 
 use super::checkpoint::{
-    compare, conclude, fill_regions, random_block, save_lines, BenchCheckpointArgs, Rate,
+    compare, conclude, fill_regions, random_block, save_lines, stamp, BenchCheckpointArgs, Rate,
 };
 use super::raw_io::raw_read;
 use crate::size::human_bytes;
@@ -44,6 +44,12 @@ struct Report {
     restore: TransferStats,
 }
 
+/// Bytes each raw upload measurement sends at most: deleted objects stay on
+/// some servers for a while (Garage collects their blocks ten minutes
+/// later), and four of them beside the checkpoint must fit a server on
+/// tmpfs.
+const RAW_UPLOAD_MAX_BYTES: u64 = 8 << 30;
+
 pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
     let say = |s: String| {
         if !a.json {
@@ -72,11 +78,13 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
     // The server's upload rate drifts: measured before the save and after
     // it, the best of all is the limit.
     let mut raw_upload = Vec::new();
+    let raw_bytes = a.size.min(RAW_UPLOAD_MAX_BYTES);
     let mut measure_uploads = |when: &str| -> Result<()> {
         for t in [threads, 2 * threads] {
-            let gbps = upload_rate(&client, &format!("{prefix}{name}-raw"), a.size, part, t)?;
+            let gbps = upload_rate(&client, &format!("{prefix}{name}-raw"), raw_bytes, part, t)?;
             say(format!(
-                "limit    raw multipart upload {when} ({t} objects in parallel, parts of {} from RAM): {gbps:.2} GB/s",
+                "limit    raw multipart upload {when} ({t} objects in parallel, {} in parts of {} from RAM): {gbps:.2} GB/s",
+                human_bytes(raw_bytes),
                 human_bytes(part as u64)
             ));
             raw_upload.push(Rate {
@@ -198,17 +206,22 @@ fn upload_rate(
 ) -> Result<f64> {
     let parts = bytes.div_ceil(part as u64) as usize;
     let threads = threads.clamp(1, parts.max(1));
+    // Random bytes, every part stamped with its own number (a server that
+    // keeps identical blocks once would otherwise store almost nothing).
+    let random: Vec<u8> = random_block().into_iter().cycle().take(part).collect();
     let t = Instant::now();
     let keys = std::thread::scope(|s| -> Result<Vec<String>> {
         let handles: Vec<_> = (0..threads)
             .map(|i| {
                 // Object i's share of the parts, all objects within one.
                 let mine = parts / threads + usize::from(i < parts % threads);
+                let random = &random;
                 s.spawn(move || -> Result<String> {
                     let key = format!("{prefix}/{i:05}");
                     let upload = MultipartUpload::start(client.clone(), &key)?;
-                    let buf = vec![i as u8 ^ 0x5a; part];
+                    let mut buf = random.clone();
                     for n in 1..=mine {
+                        stamp(&mut buf, ((i as u64) << 32) | n as u64);
                         upload.upload_part(n as u16, &buf)?;
                     }
                     upload.complete(false)?;
