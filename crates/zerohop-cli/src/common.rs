@@ -16,7 +16,8 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = EngineConfig::default().io_threads)]
     pub threads: usize,
     /// Workers of loads from object stores (s3://), each with one ranged
-    /// GET open at a time.
+    /// GET open at a time and one staging slot (so at most --staging /
+    /// --slot of them).
     #[arg(long, default_value_t = EngineConfig::default().remote_streams)]
     pub remote_streams: usize,
     /// Bytes per ranged GET of an object at most (each filling staging

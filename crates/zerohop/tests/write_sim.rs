@@ -532,8 +532,8 @@ fn remote_objects_get_whole_parts_with_host_bytes_and_zeros() {
 }
 
 /// A remote object whose `write_part` holds each part until `want` parts
-/// are being sent at once (or a second has passed), and counts the most
-/// that were.
+/// have been in flight together (or a second has passed), and counts the
+/// most that were.
 #[derive(Debug, Default)]
 struct SlowObject {
     want: usize,

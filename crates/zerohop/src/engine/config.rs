@@ -23,8 +23,9 @@ pub struct EngineConfig {
     /// I/O worker threads (each with its own reader and copy queue).
     pub io_threads: usize,
     /// Workers of a transfer from remote objects (object stores), each
-    /// with one request open at a time: they wait on the server, not on
-    /// the CPU, so more of them than `io_threads` pay.
+    /// with one request open at a time and one staging slot (so at most
+    /// the slot count of them): they wait on the server, not on the CPU,
+    /// so more of them than `io_threads` pay.
     pub remote_streams: usize,
     /// Bytes per request to a remote object, at most: a worker reads a
     /// run of the object's consecutive windows from one response (each
