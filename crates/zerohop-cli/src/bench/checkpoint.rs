@@ -276,15 +276,21 @@ pub(super) fn conclude(
 }
 
 pub(super) fn random_block() -> Vec<u8> {
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
     let mut v = vec![0u8; BLOCK];
-    for c in v.chunks_exact_mut(8) {
+    fill_random(&mut v);
+    v
+}
+
+/// Fills `bytes` (whole 8-byte words of it) with the same pseudo-random
+/// sequence each time: data no file system or object store shrinks.
+pub(super) fn fill_random(bytes: &mut [u8]) {
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    for c in bytes.chunks_exact_mut(8) {
         s ^= s << 13;
         s ^= s >> 7;
         s ^= s << 17;
         c.copy_from_slice(&s.to_le_bytes());
     }
-    v
 }
 
 /// Piece `g` (the g-th 64 MiB of all regions): the block rotated by a

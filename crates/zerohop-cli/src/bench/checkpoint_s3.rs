@@ -4,7 +4,8 @@
 //! host memory while it saves and restores.
 
 use super::checkpoint::{
-    compare, conclude, fill_regions, random_block, save_lines, stamp, BenchCheckpointArgs, Rate,
+    compare, conclude, fill_random, fill_regions, random_block, save_lines, stamp,
+    BenchCheckpointArgs, Rate,
 };
 use super::raw_io::raw_read;
 use crate::size::human_bytes;
@@ -208,7 +209,8 @@ fn upload_rate(
     let threads = threads.clamp(1, parts.max(1));
     // Random bytes, every part stamped with its own number (a server that
     // keeps identical blocks once would otherwise store almost nothing).
-    let random: Vec<u8> = random_block().into_iter().cycle().take(part).collect();
+    let mut random = vec![0u8; part];
+    fill_random(&mut random);
     let t = Instant::now();
     let keys = std::thread::scope(|s| -> Result<Vec<String>> {
         let handles: Vec<_> = (0..threads)

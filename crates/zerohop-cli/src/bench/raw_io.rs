@@ -220,19 +220,16 @@ pub(super) fn raw_write_files(
     // Writers fill their sources before the clock starts (first touches of
     // fresh memory are slow on some VMs), with random bytes: a constant
     // would be shrunk by a file system that compresses.
-    let random = super::checkpoint::random_block();
     let ready = std::sync::Barrier::new(threads + 1);
     let mut started = Instant::now();
     std::thread::scope(|s| -> Result<()> {
-        let (ready, random) = (&ready, &random);
+        let ready = &ready;
         let handles: Vec<_> = paths
             .iter()
             .map(|p| {
                 s.spawn(move || -> Result<()> {
                     let mut buf = AlignedBuf::new(source.bytes_per_writer());
-                    for chunk in buf.as_mut_slice().chunks_mut(random.len()) {
-                        chunk.copy_from_slice(&random[..chunk.len()]);
-                    }
+                    super::checkpoint::fill_random(buf.as_mut_slice());
                     let opened = open(p);
                     ready.wait();
                     let f: File = opened?;
