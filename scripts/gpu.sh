@@ -191,6 +191,13 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             ZEROHOP_WARM_GIB=${ZEROHOP_WARM_GIB:-56} warm_memory
             df -h /dev/shm
             server=$(s3_server)
+            # The machine's CPU (vmstat) and the busiest processes (top),
+            # each second, beside the bench's lines with their times: is
+            # the server or the client short of CPU in a phase?
+            vmstat -t 1 > "$OUT/s3-checkpoint-vmstat.txt" &
+            local vmstat=$!
+            top -b -d 1 -w 160 | grep --line-buffered -E '^top|garage|s3s-fs|zerohop' > "$OUT/s3-checkpoint-top.txt" &
+            local top=$!
             # A fresh server each round: one round stores about 48 GiB (the
             # checkpoint and four raw uploads; Garage frees deleted blocks
             # only ten minutes later).
@@ -199,7 +206,8 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
                 python3 bench/peers_s3.py "$server" /dev/shm -- bash -c '
                     zerohop bench checkpoint --size "${ZEROHOP_S3_CKPT_SIZE:-16GiB}" --dir s3://models/ckpt \
                         --device cuda ${ZEROHOP_S3_CKPT_ARGS:-} 2>&1' | sed "s/^/round $round: /"
-            done | tee "$OUT/s3-checkpoint.txt"
+            done | while IFS= read -r line; do echo "$(date -u +%T) $line"; done | tee "$OUT/s3-checkpoint.txt"
+            kill $vmstat $top 2> /dev/null || true
             ;;
         hot)
             ensure_hot

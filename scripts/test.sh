@@ -27,6 +27,9 @@ if ! "$py" -m pip --version > /dev/null 2>&1; then
         exit 1
     fi
 fi
+# The venv first on PATH: maturin's build backend runs `maturin` by name
+# (1.16 does), and a Rust test runs `python3` with safetensors and numpy.
+export PATH="$venv/bin:$PATH"
 pip=("$py" -m pip install --quiet --disable-pip-version-check)
 # maturin here builds zerohop without fetching it again for every install.
 read -ra extras <<< "${ZEROHOP_TEST_EXTRAS:-}"
@@ -39,8 +42,6 @@ read -ra extras <<< "${ZEROHOP_TEST_EXTRAS:-}"
 # pyproject.toml's list, so that one is named again here.
 MATURIN_PEP517_ARGS="--profile dev --features sim,pyo3/extension-module" \
     "${pip[@]}" --no-build-isolation ".[test]"
-# The venv first on PATH, for that test's `python3`.
-export PATH="$venv/bin:$PATH"
 # The S3-compatible server that the object storage tests start on the
 # loopback address (s3s-fs, a Rust crate; it keeps objects as files, so
 # a test can kill it and start it again over the same data), built once

@@ -23,6 +23,8 @@ pub(crate) const MAX_ERROR_BODY: u64 = 64 << 10;
 const MAX_LIST_BODY: u64 = 8 << 20;
 /// A listing stops with an error past this many objects.
 const MAX_LISTED: usize = 100_000;
+/// Idle connections the client keeps: more than an engine runs workers.
+const POOLED_CONNECTIONS: usize = 256;
 
 /// What a HEAD request tells about an object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,7 +108,11 @@ impl S3Client {
             .timeout_connect(Some(Duration::from_secs(10)))
             .timeout_recv_response(Some(Duration::from_secs(60)))
             .timeout_recv_body(Some(Duration::from_secs(300)))
-            .max_idle_connections_per_host(64)
+            // Every worker's connection kept between its requests (ureq
+            // keeps 10 in all by default): one dropped costs a new TCP
+            // connection for a later part.
+            .max_idle_connections(POOLED_CONNECTIONS)
+            .max_idle_connections_per_host(POOLED_CONNECTIONS)
             .build()
             .into();
         Ok(S3Client {
