@@ -14,8 +14,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use zerohop::device::StagingMemory;
 use zerohop::storage::{BackendKind, IoMode};
-use zerohop::{Engine, Error, Result, TransferStats};
+use zerohop::{Device, Engine, Error, Result, TransferStats};
 use zerohop_checkpoint::{self as ckpt, SaveOptions};
 use zerohop_s3::{MultipartUpload, S3Client, S3Config, S3Url};
 
@@ -80,16 +81,31 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
     // it, the best of all is the limit.
     let mut raw_upload = Vec::new();
     let raw_bytes = a.size.min(RAW_UPLOAD_MAX_BYTES);
+    // From ordinary memory at the save's concurrency and twice it, and
+    // from pinned staging memory (what the save sends from) at the save's.
+    let sources = [
+        (threads, PartMemory::Heap),
+        (2 * threads, PartMemory::Heap),
+        (threads, PartMemory::Staging(engine.device().as_ref())),
+    ];
     let mut measure_uploads = |when: &str| -> Result<()> {
-        for t in [threads, 2 * threads] {
-            let gbps = upload_rate(&client, &format!("{prefix}{name}-raw"), raw_bytes, part, t)?;
+        for (t, memory) in sources {
+            let gbps = upload_rate(
+                &client,
+                &format!("{prefix}{name}-raw"),
+                raw_bytes,
+                part,
+                t,
+                memory,
+            )?;
             say(format!(
-                "limit    raw multipart upload {when} ({t} objects in parallel, {} in parts of {} from RAM): {gbps:.2} GB/s",
+                "limit    raw multipart upload {when} ({t} objects in parallel, {} in parts of {} from {}): {gbps:.2} GB/s",
                 human_bytes(raw_bytes),
-                human_bytes(part as u64)
+                human_bytes(part as u64),
+                memory.describe()
             ));
             raw_upload.push(Rate {
-                how: format!("multipart upload x{t} {when}"),
+                how: format!("multipart upload x{t} from {} {when}", memory.describe()),
                 gbps,
             });
         }
@@ -195,8 +211,59 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
     conclude(a.json, &report, &text, contents_match)
 }
 
+/// Where a raw upload's parts are sent from.
+#[derive(Clone, Copy)]
+enum PartMemory<'a> {
+    /// Ordinary process memory.
+    Heap,
+    /// The device's staging memory (pinned host memory for CUDA), as the
+    /// engine's slots.
+    Staging(&'a dyn Device),
+}
+
+impl PartMemory<'_> {
+    fn describe(&self) -> &'static str {
+        match self {
+            PartMemory::Heap => "RAM",
+            PartMemory::Staging(d) if d.pins_staging() => "pinned staging memory",
+            PartMemory::Staging(_) => "staging memory",
+        }
+    }
+
+    /// A buffer holding a copy of `bytes`.
+    fn buffer(&self, bytes: &[u8]) -> Result<PartBuffer> {
+        Ok(match self {
+            PartMemory::Heap => PartBuffer::Heap(bytes.to_vec()),
+            PartMemory::Staging(device) => {
+                let mut b = PartBuffer::Staging(device.alloc_staging(bytes.len())?);
+                b.bytes().copy_from_slice(bytes);
+                b
+            }
+        })
+    }
+}
+
+enum PartBuffer {
+    Heap(Vec<u8>),
+    Staging(Box<dyn StagingMemory>),
+}
+
+impl PartBuffer {
+    fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            PartBuffer::Heap(v) => v,
+            // SAFETY: the staging memory owns `len()` bytes at
+            // `as_mut_ptr()` for its lifetime, no device copy uses it here,
+            // and `&mut self` keeps the slice the only reference to it.
+            PartBuffer::Staging(m) => unsafe {
+                std::slice::from_raw_parts_mut(m.as_mut_ptr(), m.len())
+            },
+        }
+    }
+}
+
 /// The rate of `threads` multipart uploads in parallel, together `bytes`
-/// long, each part sent from one buffer of `part` bytes in RAM; the
+/// long, each part sent from one buffer of `part` bytes in `memory`; the
 /// objects (under `prefix`) are deleted afterwards.
 fn upload_rate(
     client: &Arc<S3Client>,
@@ -204,6 +271,7 @@ fn upload_rate(
     bytes: u64,
     part: usize,
     threads: usize,
+    memory: PartMemory<'_>,
 ) -> Result<f64> {
     let parts = bytes.div_ceil(part as u64) as usize;
     let threads = threads.clamp(1, parts.max(1));
@@ -221,10 +289,11 @@ fn upload_rate(
                 s.spawn(move || -> Result<String> {
                     let key = format!("{prefix}/{i:05}");
                     let upload = MultipartUpload::start(client.clone(), &key)?;
-                    let mut buf = random.clone();
+                    let mut buf = memory.buffer(random)?;
                     for n in 1..=mine {
-                        stamp(&mut buf, ((i as u64) << 32) | n as u64);
-                        upload.upload_part(n as u16, &buf)?;
+                        let buf = buf.bytes();
+                        stamp(buf, ((i as u64) << 32) | n as u64);
+                        upload.upload_part(n as u16, buf)?;
                     }
                     upload.complete(false)?;
                     Ok(key)
