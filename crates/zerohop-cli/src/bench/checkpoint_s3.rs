@@ -11,7 +11,7 @@ use super::raw_io::raw_read;
 use crate::size::human_bytes;
 use serde::Serialize;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerohop::device::StagingMemory;
@@ -84,12 +84,17 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
     // From ordinary memory at the save's concurrency and twice it, and
     // from pinned staging memory (what the save sends from) at the save's.
     let sources = [
-        (threads, PartMemory::Heap),
-        (2 * threads, PartMemory::Heap),
-        (threads, PartMemory::Staging(engine.device().as_ref())),
+        (threads, PartMemory::Heap, false),
+        (2 * threads, PartMemory::Heap, false),
+        (
+            threads,
+            PartMemory::Staging(engine.device().as_ref()),
+            false,
+        ),
+        (threads, PartMemory::Heap, true),
     ];
     let mut measure_uploads = |when: &str| -> Result<()> {
-        for (t, memory) in sources {
+        for (t, memory, interleaved) in sources {
             let gbps = upload_rate(
                 &client,
                 &format!("{prefix}{name}-raw"),
@@ -97,15 +102,24 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
                 part,
                 t,
                 memory,
+                interleaved,
             )?;
-            say(format!(
-                "limit    raw multipart upload {when} ({t} objects in parallel, {} in parts of {} from {}): {gbps:.2} GB/s",
+            let how = format!(
+                "{t} objects in parallel, {} in parts of {} from {}{}",
                 human_bytes(raw_bytes),
                 human_bytes(part as u64),
-                memory.describe()
+                memory.describe(),
+                if interleaved {
+                    ", parts interleaved"
+                } else {
+                    ""
+                }
+            );
+            say(format!(
+                "limit    raw multipart upload {when} ({how}): {gbps:.2} GB/s"
             ));
             raw_upload.push(Rate {
-                how: format!("multipart upload x{t} from {} {when}", memory.describe()),
+                how: format!("multipart upload: {how}, {when}"),
                 gbps,
             });
         }
@@ -263,8 +277,12 @@ impl PartBuffer {
 }
 
 /// The rate of `threads` multipart uploads in parallel, together `bytes`
-/// long, each part sent from one buffer of `part` bytes in `memory`; the
-/// objects (under `prefix`) are deleted afterwards.
+/// long, each part sent from one buffer of `part` bytes in `memory`: each
+/// thread sends its own object's parts in order, or (`interleaved`) every
+/// thread takes the next part of all, round the objects, as the engine's
+/// workers take windows. The uploads are started first and completed
+/// last, as a save does; the objects (under `prefix`) are deleted
+/// afterwards.
 fn upload_rate(
     client: &Arc<S3Client>,
     prefix: &str,
@@ -272,6 +290,7 @@ fn upload_rate(
     part: usize,
     threads: usize,
     memory: PartMemory<'_>,
+    interleaved: bool,
 ) -> Result<f64> {
     let parts = bytes.div_ceil(part as u64) as usize;
     let threads = threads.clamp(1, parts.max(1));
@@ -280,40 +299,56 @@ fn upload_rate(
     let mut random = vec![0u8; part];
     fill_random(&mut random);
     let t = Instant::now();
-    let keys = std::thread::scope(|s| -> Result<Vec<String>> {
-        let handles: Vec<_> = (0..threads)
-            .map(|i| {
-                // Object i's share of the parts, all objects within one.
-                let mine = parts / threads + usize::from(i < parts % threads);
-                let random = &random;
-                s.spawn(move || -> Result<String> {
-                    let key = format!("{prefix}/{i:05}");
-                    let upload = MultipartUpload::start(client.clone(), &key)?;
-                    let mut buf = memory.buffer(random)?;
-                    for n in 1..=mine {
-                        let buf = buf.bytes();
-                        stamp(buf, ((i as u64) << 32) | n as u64);
-                        upload.upload_part(n as u16, buf)?;
-                    }
-                    upload.complete(false)?;
-                    Ok(key)
-                })
-            })
-            .collect();
-        handles
+    let keys: Vec<String> = (0..threads).map(|i| format!("{prefix}/{i:05}")).collect();
+    let uploads = keys
+        .iter()
+        .map(|k| MultipartUpload::start(client.clone(), k))
+        .collect::<Result<Vec<_>>>()?;
+    // Part k (from 0) is part k / threads + 1 of object k % threads: every
+    // object gets its share, all within one part.
+    let next = AtomicUsize::new(0);
+    let send = |i: usize| -> Result<()> {
+        let mut buf = memory.buffer(&random)?;
+        let mut own = (i..parts).step_by(threads);
+        loop {
+            let k = if interleaved {
+                next.fetch_add(1, Ordering::Relaxed)
+            } else {
+                own.next().unwrap_or(parts)
+            };
+            if k >= parts {
+                return Ok(());
+            }
+            let buf = buf.bytes();
+            stamp(buf, k as u64);
+            uploads[k % threads].upload_part((k / threads + 1) as u16, buf)?;
+        }
+    };
+    in_threads((0..threads).map(|i| move || send(i)))?;
+    in_threads(
+        uploads
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::invalid("uploader panicked")))
-            })
-            .collect()
-    });
+            .map(|u| move || u.complete(false).map(drop)),
+    )?;
     let seconds = t.elapsed().as_secs_f64();
-    let keys = keys?;
     for k in &keys {
         client.delete(k)?;
     }
     Ok((parts * part) as f64 / seconds / 1e9)
+}
+
+/// Runs each of `jobs` on a thread of its own; the first error, if any.
+fn in_threads<F>(jobs: impl Iterator<Item = F>) -> Result<()>
+where
+    F: FnOnce() -> Result<()> + Send,
+{
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs.map(|f| s.spawn(f)).collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::invalid("an uploader panicked")))
+        })
+    })
 }
 
 /// Runs `f` while another thread samples the process's resident memory;
