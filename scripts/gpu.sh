@@ -186,9 +186,9 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # ZEROHOP_S3_SERVER=garage) and restored, against the server's
             # raw multipart upload and ranged GET rates and with the
             # process's resident memory sampled (bench checkpoint).
-            # Host memory touched once first (as much as a round stores),
+            # Host memory touched once first (as much as a bench stores),
             # so no upload into tmpfs pays the VM's first-touch cost.
-            ZEROHOP_WARM_GIB=${ZEROHOP_WARM_GIB:-56} warm_memory
+            ZEROHOP_WARM_GIB=${ZEROHOP_WARM_GIB:-72} warm_memory
             df -h /dev/shm
             server=$(s3_server)
             # The machine's CPU (vmstat) and the busiest processes (top),
@@ -198,14 +198,14 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             local vmstat=$!
             top -b -d 1 -w 160 | grep --line-buffered -E '^top|garage|s3s-fs|zerohop' > "$OUT/s3-checkpoint-top.txt" &
             local top=$!
-            # A fresh server each round: one round stores about 48 GiB (the
-            # checkpoint and four raw uploads; Garage frees deleted blocks
-            # only ten minutes later).
-            for round in 1 2; do
+            # A fresh server for each bench: one stores about 64 GiB (two
+            # rounds of a 16 GiB save and two 8 GiB raw uploads; Garage
+            # frees deleted blocks only ten minutes later).
+            for n in 1 2; do
                 # shellcheck disable=SC2016 # expanded by the inner shell
                 python3 bench/peers_s3.py "$server" /dev/shm -- bash -c '
                     zerohop bench checkpoint --size "${ZEROHOP_S3_CKPT_SIZE:-16GiB}" --dir s3://models/ckpt \
-                        --device cuda ${ZEROHOP_S3_CKPT_ARGS:-} 2>&1' | sed "s/^/round $round: /"
+                        --rounds "${ZEROHOP_S3_CKPT_ROUNDS:-2}" --device cuda ${ZEROHOP_S3_CKPT_ARGS:-} 2>&1' | sed -u "s/^/server $n: /"
             done | while IFS= read -r line; do echo "$(date -u +%T) $line"; done | tee "$OUT/s3-checkpoint.txt"
             kill $vmstat $top 2> /dev/null || true
             ;;
@@ -374,7 +374,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # model. (About 7 minutes; compare-save is the other half.)
             [ -x .before/zerohop ] || { echo "build .before/zerohop first (README, GPU runs)"; exit 2; }
             warm_memory; ensure_hot
-            for round in 1 2; do
+            for n in 1 2; do
                 bins=(.before/zerohop .stage/bin/zerohop)
                 [ "$round" = 2 ] && bins=(.stage/bin/zerohop .before/zerohop)
                 for bin in "${bins[@]}"; do

@@ -30,6 +30,11 @@ pub struct BenchCheckpointArgs {
     /// Keep the checkpoint afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// Rounds of a raw upload and a save, alternated, with an s3:// --dir
+    /// (a server's upload rate drifts); the best and the medians are
+    /// compared. A directory takes one.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
+    pub rounds: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -76,6 +81,11 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
     }
     if let Some(url) = a.dir.to_str().filter(|d| zerohop_s3::is_s3_url(d)) {
         return super::checkpoint_s3::run(a, url);
+    }
+    if a.rounds != 1 {
+        return Err(Error::invalid(
+            "--rounds is for s3:// targets: a directory's bench runs once",
+        ));
     }
     let say = |s: String| {
         if !a.json {
@@ -240,9 +250,11 @@ pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
 pub(super) fn save_lines(saved: &Saved, gbps: f64, done: &str, files: &str) -> [String; 3] {
     [
         format!(
-            "save     {gbps:.2} GB/s: {done} after {:.2} s ({} {files}) via {}",
+            "save     {gbps:.2} GB/s: {done} after {:.2} s ({} {files}; the transfer {:.2} s, of it {:.2} s making the files durable) via {}",
             saved.seconds,
             saved.manifest.files.len(),
+            saved.stats.seconds,
+            saved.stats.sync_seconds,
             saved.stats.path
         ),
         format!("profile  {}", saved.stats.profile.describe()),

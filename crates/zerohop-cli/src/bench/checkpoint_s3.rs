@@ -14,9 +14,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zerohop::device::StagingMemory;
 use zerohop::storage::{BackendKind, IoMode};
-use zerohop::{Device, Engine, Error, Result, TransferStats};
+use zerohop::{Engine, Error, Result, TransferStats};
 use zerohop_checkpoint::{self as ckpt, SaveOptions};
 use zerohop_s3::{MultipartUpload, S3Client, S3Config, S3Url};
 
@@ -26,29 +25,37 @@ struct Report {
     bytes: u64,
     device: String,
     part_bytes: u64,
-    /// Parallel multipart uploads of parts from RAM.
+    rounds: usize,
+    /// Parallel multipart uploads of parts from RAM, each round's before
+    /// its save.
     raw_upload: Vec<Rate>,
-    /// Parallel ranged GETs of the saved data objects.
+    /// Parallel ranged GETs of the last save's data objects.
     raw_get: Vec<Rate>,
-    save_gbps: f64,
+    /// Each round's save.
+    save_gbps: Vec<f64>,
     seconds_to_durable: f64,
     restore_gbps: f64,
     contents_match: bool,
+    /// The best save over the best raw upload (any concurrency).
     save_ratio_to_raw_upload: f64,
+    /// The median save over the median raw upload at the save's
+    /// concurrency.
+    save_median_ratio_to_raw_upload: f64,
     restore_ratio_to_raw_get: f64,
     staging_bytes: u64,
-    /// Growth of the process's resident memory over its size before the
+    /// Growth of the process's resident memory over its size before a
     /// save (the restore), at its highest while saving (restoring).
     save_rss_growth_bytes: u64,
     restore_rss_growth_bytes: u64,
     checksums: String,
+    /// The last save's.
     save: TransferStats,
     restore: TransferStats,
 }
 
 /// Bytes each raw upload measurement sends at most: deleted objects stay on
 /// some servers for a while (Garage collects their blocks ten minutes
-/// later), and four of them beside the checkpoint must fit a server on
+/// later), and the uploads beside the checkpoints must fit a server on
 /// tmpfs.
 const RAW_UPLOAD_MAX_BYTES: u64 = 8 << 30;
 
@@ -72,86 +79,79 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
     };
     say(format!("device   {}", engine.device().describe()));
     say(format!(
-        "target   {url} ({} to save, parts of {})",
+        "target   {url} ({} to save, parts of {}, {} rounds)",
         human_bytes(a.size),
-        human_bytes(part as u64)
+        human_bytes(part as u64),
+        a.rounds
     ));
-
-    // The server's upload rate drifts: measured before the save and after
-    // it, the best of all is the limit.
-    let mut raw_upload = Vec::new();
-    let raw_bytes = a.size.min(RAW_UPLOAD_MAX_BYTES);
-    // From ordinary memory at the save's concurrency and twice it, and
-    // from pinned staging memory (what the save sends from) at the save's.
-    let sources = [
-        (threads, PartMemory::Heap, false),
-        (2 * threads, PartMemory::Heap, false),
-        (
-            threads,
-            PartMemory::Staging(engine.device().as_ref()),
-            false,
-        ),
-        (threads, PartMemory::Heap, true),
-    ];
-    let mut measure_uploads = |when: &str| -> Result<()> {
-        for (t, memory, interleaved) in sources {
-            let gbps = upload_rate(
-                &client,
-                &format!("{prefix}{name}-raw"),
-                raw_bytes,
-                part,
-                t,
-                memory,
-                interleaved,
-            )?;
-            let how = format!(
-                "{t} objects in parallel, {} in parts of {} from {}{}",
-                human_bytes(raw_bytes),
-                human_bytes(part as u64),
-                memory.describe(),
-                if interleaved {
-                    ", parts interleaved"
-                } else {
-                    ""
-                }
-            );
-            say(format!(
-                "limit    raw multipart upload {when} ({how}): {gbps:.2} GB/s"
-            ));
-            raw_upload.push(Rate {
-                how: format!("multipart upload: {how}, {when}"),
-                gbps,
-            });
-        }
-        Ok(())
-    };
-    measure_uploads("before the save")?;
-
     let block = random_block();
     let regions = fill_regions(&engine, a.size, a.region, &block)?;
-    let at =
-        zerohop_s3::checkpoint_at(&format!("s3://{}/{prefix}{name}", root.bucket), part as u64)?;
-    let rss_before = resident_bytes();
-    let (saved, save_peak) =
-        while_sampling_rss(|| ckpt::save(&engine, &regions, &at, &SaveOptions::default(), None));
-    let saved = saved?;
-    let save_gbps = a.size as f64 / saved.seconds / 1e9;
-    for line in save_lines(
-        &saved,
-        save_gbps,
-        "committed",
-        "data objects, checksums included",
-    ) {
-        say(line);
+
+    // The server's upload rate drifts by a tenth or more between runs of
+    // one configuration: raw uploads and saves alternate, as many of each,
+    // and are compared best to best and median to median.
+    let raw_bytes = a.size.min(RAW_UPLOAD_MAX_BYTES);
+    let mut raw_upload = Vec::new();
+    let mut same_concurrency = Vec::new();
+    let mut save_gbps = Vec::new();
+    let mut rss_growth = 0;
+    let mut last = None;
+    for round in 1..=a.rounds {
+        for t in [threads, 2 * threads] {
+            let gbps = upload_rate(&client, &format!("{prefix}{name}-raw"), raw_bytes, part, t)?;
+            say(format!(
+                "limit    raw multipart upload, round {round} ({t} objects in parallel, {} in parts of {} from RAM, taken round the objects): {gbps:.2} GB/s",
+                human_bytes(raw_bytes),
+                human_bytes(part as u64)
+            ));
+            raw_upload.push(Rate {
+                how: format!("multipart upload x{t}, round {round}"),
+                gbps,
+            });
+            if t == threads {
+                same_concurrency.push(gbps);
+            }
+        }
+        let at = zerohop_s3::checkpoint_at(
+            &format!("s3://{}/{prefix}{name}-{round}", root.bucket),
+            part as u64,
+        )?;
+        let rss_before = resident_bytes();
+        let (saved, peak) = while_sampling_rss(|| {
+            ckpt::save(&engine, &regions, &at, &SaveOptions::default(), None)
+        });
+        let saved = saved?;
+        rss_growth = rss_growth.max(peak.saturating_sub(rss_before));
+        let gbps = a.size as f64 / saved.seconds / 1e9;
+        save_gbps.push(gbps);
+        for line in save_lines(
+            &saved,
+            gbps,
+            "committed",
+            "data objects, checksums included",
+        ) {
+            say(format!(
+                "{line}{}",
+                if line.starts_with("save") {
+                    format!(", round {round}")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        if let Some((older, _)) = last.replace((at, saved)) {
+            ckpt::remove(&older)?;
+        }
     }
-    measure_uploads("after the save")?;
+    let (at, saved) = last.ok_or_else(|| Error::invalid("--rounds must be at least 1"))?;
     let best_upload = raw_upload.iter().map(|r| r.gbps).fold(0.0, f64::max);
+    let best_save = save_gbps.iter().copied().fold(0.0, f64::max);
 
     let objects: Vec<String> = saved
         .manifest
         .files
         .iter()
-        .map(|f| format!("s3://{}/{prefix}{name}/{}", root.bucket, f.name))
+        .map(|f| format!("{}/{}", at, f.name))
         .collect();
     let paths: Vec<&Path> = objects.iter().map(Path::new).collect();
     let mut raw_get = Vec::new();
@@ -188,16 +188,18 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
         bytes: a.size,
         device: engine.device().describe(),
         part_bytes: part as u64,
+        rounds: a.rounds,
+        save_median_ratio_to_raw_upload: median(&save_gbps) / median(&same_concurrency),
         raw_upload,
         raw_get,
         save_gbps,
         seconds_to_durable: saved.seconds,
         restore_gbps,
         contents_match,
-        save_ratio_to_raw_upload: save_gbps / best_upload,
+        save_ratio_to_raw_upload: best_save / best_upload,
         restore_ratio_to_raw_get: restore_gbps / best_get,
         staging_bytes: saved.stats.staging_bytes,
-        save_rss_growth_bytes: save_peak.saturating_sub(rss_before),
+        save_rss_growth_bytes: rss_growth,
         restore_rss_growth_bytes: restore_peak.saturating_sub(rss_before_restore),
         checksums: saved.checksums.to_string(),
         save: saved.stats,
@@ -206,8 +208,13 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
     let on_host = engine.device().describe().starts_with("host");
     let text = [
         format!(
-            "result   save {save_gbps:.2} GB/s = {:.1}% of the best raw multipart upload ({best_upload:.2}); restore {restore_gbps:.2} GB/s = {:.1}% of the best raw ranged GETs ({best_get:.2})",
+            "result   save {best_save:.2} GB/s (best of {}) = {:.1}% of the best raw multipart upload ({best_upload:.2}); medians at the save's concurrency: {:.1}%",
+            a.rounds,
             100.0 * report.save_ratio_to_raw_upload,
+            100.0 * report.save_median_ratio_to_raw_upload,
+        ),
+        format!(
+            "result   restore {restore_gbps:.2} GB/s = {:.1}% of the best raw ranged GETs ({best_get:.2})",
             100.0 * report.restore_ratio_to_raw_get,
         ),
         format!(
@@ -225,72 +232,28 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
     conclude(a.json, &report, &text, contents_match)
 }
 
-/// Where a raw upload's parts are sent from.
-#[derive(Clone, Copy)]
-enum PartMemory<'a> {
-    /// Ordinary process memory.
-    Heap,
-    /// The device's staging memory (pinned host memory for CUDA), as the
-    /// engine's slots.
-    Staging(&'a dyn Device),
-}
-
-impl PartMemory<'_> {
-    fn describe(&self) -> &'static str {
-        match self {
-            PartMemory::Heap => "RAM",
-            PartMemory::Staging(d) if d.pins_staging() => "pinned staging memory",
-            PartMemory::Staging(_) => "staging memory",
-        }
-    }
-
-    /// A buffer holding a copy of `bytes`.
-    fn buffer(&self, bytes: &[u8]) -> Result<PartBuffer> {
-        Ok(match self {
-            PartMemory::Heap => PartBuffer::Heap(bytes.to_vec()),
-            PartMemory::Staging(device) => {
-                let mut b = PartBuffer::Staging(device.alloc_staging(bytes.len())?);
-                b.bytes().copy_from_slice(bytes);
-                b
-            }
-        })
-    }
-}
-
-enum PartBuffer {
-    Heap(Vec<u8>),
-    Staging(Box<dyn StagingMemory>),
-}
-
-impl PartBuffer {
-    fn bytes(&mut self) -> &mut [u8] {
-        match self {
-            PartBuffer::Heap(v) => v,
-            // SAFETY: the staging memory owns `len()` bytes at
-            // `as_mut_ptr()` for its lifetime, no device copy uses it here,
-            // and `&mut self` keeps the slice the only reference to it.
-            PartBuffer::Staging(m) => unsafe {
-                std::slice::from_raw_parts_mut(m.as_mut_ptr(), m.len())
-            },
-        }
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
 /// The rate of `threads` multipart uploads in parallel, together `bytes`
-/// long, each part sent from one buffer of `part` bytes in `memory`: each
-/// thread sends its own object's parts in order, or (`interleaved`) every
-/// thread takes the next part of all, round the objects, as the engine's
-/// workers take windows. The uploads are started first and completed
-/// last, as a save does; the objects (under `prefix`) are deleted
-/// afterwards.
+/// long, each part sent from a buffer of `part` bytes in RAM; the threads
+/// take the parts round the objects, as the engine's workers take a
+/// save's windows. The uploads are started first and completed last, as
+/// a save's are; the objects (under `prefix`) are deleted afterwards.
 fn upload_rate(
     client: &Arc<S3Client>,
     prefix: &str,
     bytes: u64,
     part: usize,
     threads: usize,
-    memory: PartMemory<'_>,
-    interleaved: bool,
 ) -> Result<f64> {
     let parts = bytes.div_ceil(part as u64) as usize;
     let threads = threads.clamp(1, parts.max(1));
@@ -307,24 +270,18 @@ fn upload_rate(
     // Part k (from 0) is part k / threads + 1 of object k % threads: every
     // object gets its share, all within one part.
     let next = AtomicUsize::new(0);
-    let send = |i: usize| -> Result<()> {
-        let mut buf = memory.buffer(&random)?;
-        let mut own = (i..parts).step_by(threads);
+    let send = || -> Result<()> {
+        let mut buf = random.clone();
         loop {
-            let k = if interleaved {
-                next.fetch_add(1, Ordering::Relaxed)
-            } else {
-                own.next().unwrap_or(parts)
-            };
+            let k = next.fetch_add(1, Ordering::Relaxed);
             if k >= parts {
                 return Ok(());
             }
-            let buf = buf.bytes();
-            stamp(buf, k as u64);
-            uploads[k % threads].upload_part((k / threads + 1) as u16, buf)?;
+            stamp(&mut buf, k as u64);
+            uploads[k % threads].upload_part((k / threads + 1) as u16, &buf)?;
         }
     };
-    in_threads((0..threads).map(|i| move || send(i)))?;
+    in_threads((0..threads).map(|_| send))?;
     in_threads(
         uploads
             .into_iter()
