@@ -10,7 +10,7 @@
 # s3-checkpoint, hot,
 # cold, probe, sweep, cold-sweep, cold-patterns, restore-routes, context-memory, phases, timeline, peers, peers-hot, peers-shapes, peers-cold, distributed (2 GPUs),
 # checkpoint, save, suspend, agent, compare and
-# compare-save (before/after a change: they need .before/zerohop, see the
+# compare-save, compare-s3-load (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
 # tool call is:
 #   run(command="bash scripts/gpu.sh device info tests hot cold", carry=[".stage"])
@@ -374,7 +374,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # model. (About 7 minutes; compare-save is the other half.)
             [ -x .before/zerohop ] || { echo "build .before/zerohop first (README, GPU runs)"; exit 2; }
             warm_memory; ensure_hot
-            for n in 1 2; do
+            for round in 1 2; do
                 bins=(.before/zerohop .stage/bin/zerohop)
                 [ "$round" = 2 ] && bins=(.stage/bin/zerohop .before/zerohop)
                 for bin in "${bins[@]}"; do
@@ -390,6 +390,32 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
                     rm -f $cold
                 done
             done
+            ;;
+        compare-s3-load)
+            # Before/after a change to the object store read path: the
+            # binary in .before/zerohop against .stage/bin/zerohop, each
+            # loading the 8 GiB model into the GPU from one fresh server
+            # (Garage with ZEROHOP_S3_SERVER=garage), in turn, four rounds,
+            # the order swapped each round, with the raw GETs of the same
+            # object (16 MiB x 32) between them.
+            [ -x .before/zerohop ] || { echo "build .before/zerohop first (README, GPU runs)"; exit 2; }
+            warm_memory; ensure_hot
+            server=$(s3_server)
+            # shellcheck disable=SC2016 # expanded by the inner shell
+            python3 bench/peers_s3.py "$server" /dev/shm -- bash -c '
+                curl -sS --fail --aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+                    -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" -T "$0" "$AWS_ENDPOINT_URL/models/model.safetensors"
+                url=s3://models/model.safetensors
+                for round in 1 2 3 4; do
+                    bins=".before/zerohop .stage/bin/zerohop"
+                    [ $((round % 2)) = 0 ] && bins=".stage/bin/zerohop .before/zerohop"
+                    for bin in $bins; do
+                        echo "--- $bin, round $round: load"
+                        $bin load $url --device cuda 2>&1 | grep -E "GB/s|error"
+                    done
+                    echo "--- round $round: raw GETs"
+                    zerohop bench raw-read $url --threads 32 --block 16MiB 2>&1 | grep -E "GB/s|error"
+                done' $HOT 2>&1 | tee "$OUT/compare-s3-load.txt"
             ;;
         compare-save)
             # The other half: a 16 GiB checkpoint save and restore to tmpfs
