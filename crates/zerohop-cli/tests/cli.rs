@@ -148,6 +148,25 @@ fn bad_input_is_a_clear_error() {
     );
     let out = zerohop(&["gen", "--size", "lots", "x"]);
     assert!(!out.status.success());
+    // Rounds alternate with an object store's drifting rate; a directory's
+    // bench runs once, and says so before writing anything.
+    let bench_dir = tmp("bench-rounds");
+    fails_with(
+        &[
+            "bench",
+            "checkpoint",
+            "--size",
+            "1MiB",
+            "--device",
+            "host",
+            "--rounds",
+            "2",
+            "--dir",
+            bench_dir.to_str().unwrap(),
+        ],
+        "--rounds is for s3://",
+    );
+    assert!(!bench_dir.exists());
 }
 
 #[test]

@@ -155,6 +155,8 @@ fn bench_checkpoint_round_trips_on_an_object_store() {
             "--device",
             "host",
             "--json",
+            "--rounds",
+            "2",
             "--dir",
             "s3://models/bench",
         ],
@@ -162,10 +164,15 @@ fn bench_checkpoint_round_trips_on_an_object_store() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["contents_match"], true);
     assert_eq!(v["part_bytes"], 8 << 20, "S3 parts: slots of 8 MiB");
-    for k in ["save_ratio_to_raw_upload", "restore_ratio_to_raw_get"] {
+    for k in [
+        "save_ratio_to_raw_upload",
+        "save_median_ratio_to_raw_upload",
+        "restore_ratio_to_raw_get",
+    ] {
         assert!(v[k].as_f64().unwrap() > 0.0, "{k}");
     }
-    // x1 and x2 the I/O threads, before the save and after it.
+    // Each round: x1 and x2 the I/O threads, then a save.
     assert_eq!(v["raw_upload"].as_array().unwrap().len(), 4);
+    assert_eq!(v["save_gbps"].as_array().unwrap().len(), 2);
     assert!(server.client().list("").unwrap().is_empty(), "nothing left");
 }
