@@ -127,17 +127,10 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
         for line in save_lines(
             &saved,
             gbps,
-            "committed",
+            &format!("committed in round {round}"),
             "data objects, checksums included",
         ) {
-            say(format!(
-                "{line}{}",
-                if line.starts_with("save") {
-                    format!(", round {round}")
-                } else {
-                    String::new()
-                }
-            ));
+            say(line);
         }
         if let Some((older, _)) = last.replace((at, saved)) {
             ckpt::remove(&older)?;
