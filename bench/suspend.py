@@ -1,8 +1,9 @@
 """GPU memory of a PyTorch process to storage and back, zerohop against the
 driver's process checkpoint and torch_memory_saver, same run.
 
-Every row is a fresh process holding SIZE GiB of GPU tensors (256 MiB each)
-that pauses and resumes twice; the row's times are what its user waits
+Every row is a fresh process holding SIZE GiB of GPU tensors (256 MiB each,
+or --tensor-mib: one tensor of SIZE GiB is the shape of a KV cache or a
+flat optimizer buffer) that pauses and resumes twice; the row's times are what its user waits
 for, and each resume is checked against a digest of every tensor:
 
   zerohop         zerohop.suspend(dir) (durable checkpoint) / resume(dir),
@@ -19,12 +20,16 @@ for, and each resume is checked against a digest of every tensor:
   tms-cpu         torch_memory_saver pause/resume, pinned host backup
   tms-disk        torch_memory_saver pause/resume, disk backup (disk only)
 
+With --reuse, another process takes the GPU memory the paused process
+freed, writes it and frees it again before every resume: what a server's
+sleep mode meets, where the GPU serves someone else in between.
+
 plus the raw write and read rates of each directory (`zerohop bench
 checkpoint`; on disk one round per row, 8 GiB for the raw rates). For each
 row: GPU memory the process holds while paused (nvidia-smi) and the host
 memory it gained.
 
-  python3 bench/suspend.py --zerohop target/release/zerohop [--size-gib 16]
+  python3 bench/suspend.py --zerohop target/release/zerohop [--size-gib 16] [--tensor-mib 256]
 """
 
 from __future__ import annotations
@@ -39,12 +44,9 @@ import sys
 import threading
 import time
 
-TENSOR = 256 << 20
-
-
 # --- the child: a process holding the tensors -----------------------------
 
-def child(mode: str, size_gib: int, disk_dir: str) -> None:
+def child(mode: str, size_gib: int, tensor_mib: int, disk_dir: str) -> None:
     import torch
 
     def rss() -> int:
@@ -53,7 +55,8 @@ def child(mode: str, size_gib: int, disk_dir: str) -> None:
 
     def make() -> list:
         g = torch.Generator(device="cuda").manual_seed(7)
-        return [torch.randn(TENSOR // 4, generator=g, device="cuda") for _ in range(size_gib * (1 << 30) // TENSOR)]
+        tensor = tensor_mib << 20
+        return [torch.randn(tensor // 4, generator=g, device="cuda") for _ in range(size_gib * (1 << 30) // tensor)]
 
     tms = server = None
     if mode in ("zerohop", "checkpoint-process"):
@@ -125,7 +128,7 @@ class Child:
     def __init__(self, mode: str, args) -> None:
         env = {**os.environ, "LD_PRELOAD": args.preload} if mode == "preload" else None
         self.p = subprocess.Popen([sys.executable, __file__, "--child", mode, "--size-gib", str(args.size_gib),
-                                   "--disk", args.disk], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                   "--tensor-mib", str(args.tensor_mib), "--disk", args.disk], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   env=env)
         ready = self.reply()
         self.pid, self.rss0 = ready["ready"], ready["rss"]
@@ -182,6 +185,14 @@ def drop_caches() -> None:
         f.write("3\n")
 
 
+def use_freed_memory(size_gib: int) -> None:
+    """Another process takes `size_gib` GiB of GPU memory, writes all of it
+    and exits: the memory a paused process freed has served someone else."""
+    code = ("import torch; x = torch.empty(%d << 30, dtype=torch.uint8, device='cuda'); "
+            "x.fill_(0x5a); torch.cuda.synchronize()" % size_gib)
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def actions(mode: str, c: Child, d: str, zerohop: str, driver: DriverCheckpoint):
     """The row's pause and resume of process `c` to and from `d`; the
     resume returns the seconds zerohop spent getting the memory back, where
@@ -211,6 +222,8 @@ def run_row(mode: str, where: str, target: str, args, driver: DriverCheckpoint, 
         held_gpu, gained = c.gpu_mib(), c.rss() - rss
         if where == "disk":
             drop_caches()  # the resume reads the disk, not the page cache
+        if args.reuse:
+            use_freed_memory(args.size_gib)
         t0 = time.perf_counter()
         backing = do_resume()
         resume = time.perf_counter() - t0
@@ -262,17 +275,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--zerohop", default="target/release/zerohop", help="the zerohop binary")
     ap.add_argument("--size-gib", type=int, default=16)
+    ap.add_argument("--tensor-mib", type=int, default=256, help="bytes of each tensor (the shape), in MiB")
     ap.add_argument("--tmpfs", default="/dev/shm")
     ap.add_argument("--disk", default="/var/tmp")
     ap.add_argument("--preload", help="libzerohop_preload.so (default: beside --zerohop)")
     ap.add_argument("--rows", default="driver,zerohop,checkpoint-process,preload,tms-cpu",
                     help="tmpfs rows, in order (disk: zerohop and tms-disk)")
     ap.add_argument("--no-disk", action="store_true")
+    ap.add_argument("--reuse", action="store_true", help="another process uses the freed GPU memory before each resume")
     ap.add_argument("--json-out")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args.child, args.size_gib, args.disk)
+        return child(args.child, args.size_gib, args.tensor_mib, args.disk)
     args.preload = args.preload or os.path.join(os.path.dirname(os.path.abspath(args.zerohop)), "libzerohop_preload.so")
     if shutil.which("nvidia-smi") is None:
         print("suspend bench: no NVIDIA GPU here: nothing to measure (it needs a GPU and its driver)")

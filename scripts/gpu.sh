@@ -9,7 +9,7 @@
 # Steps: warm (touch host memory before timing), info, tests, python, s3,
 # s3-checkpoint, hot,
 # cold, probe, sweep, cold-sweep, cold-patterns, restore-routes, context-memory, phases, timeline, peers, peers-hot, peers-shapes, peers-cold, distributed (2 GPUs),
-# checkpoint, save, suspend, agent, compare and
+# checkpoint, save, suspend, matrix, write-probe, agent, compare and
 # compare-save, compare-s3-load (before/after a change: they need .before/zerohop, see the
 # README; run them in separate calls, each takes 7-8 minutes). The device
 # tool call is:
@@ -25,7 +25,10 @@ stage() {
     CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p zerohop-cli -p zerohop-preload
     cp target/release/zerohop target/release/libzerohop_preload.so .stage/bin/
     # The S3-compatible server of the s3 step (scripts/test.sh builds it).
-    cp .tools/bin/s3s-fs .stage/bin/
+    [ -x .tools/bin/s3s-fs ] && cp .tools/bin/s3s-fs .stage/bin/
+    # The write and pinning probe of the write-probe step.
+    mkdir -p .stage/probe
+    gcc -O2 -Wall -pthread -o .stage/probe/write_and_pin bench/probe/write_and_pin.c -ldl
     [ -f .tools/garage.xz ] && cp .tools/garage.xz .stage/
     # The test targets that hold GPU tests (#[ignore = "needs an NVIDIA
     # GPU"] here); the rest run in CI. Fewer binaries keep the carried
@@ -329,6 +332,23 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # shellcheck disable=SC2086 # ZEROHOP_SUSPEND_ARGS is a list of options
             PYTHONUNBUFFERED=1 python3 bench/suspend.py --zerohop .stage/bin/zerohop ${ZEROHOP_SUSPEND_ARGS:-} \
                 --json-out "$OUT/suspend.json" 2>&1 | tee "$OUT/suspend.txt"
+            ;;
+        matrix)
+            # Every operation x every shape, first calls in fresh processes,
+            # zerohop beside its peers (bench/matrix.py); ZEROHOP_MATRIX_ARGS
+            # picks operations, size and rounds. Figures go to the ledger
+            # ($OUT/results.jsonl, appended here to bench/results.jsonl).
+            warm_memory; install_wheels
+            # shellcheck disable=SC2086 # ZEROHOP_MATRIX_ARGS is a list of options
+            PYTHONUNBUFFERED=1 python3 bench/matrix.py --machine "h200 $(uname -r)" --commit "$(cat .stage/commit)" \
+                --ledger "$OUT/results.jsonl" --json-out "$OUT/matrix.json" ${ZEROHOP_MATRIX_ARGS:-} \
+                2>&1 | tee -a "$OUT/matrix.txt"
+            ;;
+        write-probe)
+            # One large file written, and pinned staging allocated, each way
+            # (bench/probe/write_and_pin.c).
+            warm_memory
+            .stage/probe/write_and_pin /dev/shm /var/tmp 8 2>&1 | tee "$OUT/write-and-pin.txt"
             ;;
         context-memory)
             # What a CUDA context holds beyond allocations, and what its

@@ -1,6 +1,6 @@
 //! The checkpoint manifest decoder on arbitrary bytes: it must return a
 //! manifest or an error, never panic, and a manifest it accepts must hold
-//! together (entries and chunks inside their files, names that stay inside
+//! together (entries, their pieces, and chunks inside their files, names that stay inside
 //! the checkpoint directory) and encode back to itself.
 #![no_main]
 
@@ -25,9 +25,15 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(m) = Manifest::decode(input) {
         for e in &m.entries {
-            let f = &m.files[e.file];
-            assert!(e.offset >= f.header_bytes && e.offset + e.bytes <= f.bytes);
-            let _ = m.describe_chunk(e.file, e.offset);
+            let mut total = 0;
+            for (p, at) in e.placement() {
+                let f = &m.files[p.file];
+                assert!(p.offset >= f.header_bytes && p.offset + p.bytes <= f.bytes);
+                assert_eq!(at, total);
+                total += p.bytes;
+                let _ = m.describe_chunk(p.file, p.offset);
+            }
+            assert_eq!(total, e.bytes);
         }
         for c in &m.chunks {
             assert!(c.len > 0 && c.offset + c.len <= m.files[c.file].bytes);

@@ -57,11 +57,11 @@ def info(path: Optional[PathLike] = None) -> Dict[str, Any]:
 
 def prepare(device: Any = "cuda") -> str:
     """Sets zerohop up for `device` now ('cuda', 'cuda:N', an index, 'cpu',
-    'auto'): its engine, with its pinned staging memory, made once per
-    process. The first load on a device does this itself, on its clock
-    (about 50 ms on the reference GPU machine); call this where that time is
-    free, e.g. at start-up while the model is being built. Returns the
-    device, described."""
+    'auto'): its engine and all its pinned staging memory, made once per
+    process. Never needed: a first load makes the engine itself and pins
+    staging as its workers first need it, in parallel with its copies. Call
+    this where time is free (at start-up, while the model is being built)
+    to take even that off the first load. Returns the device, described."""
     return _native.prepare(_buffers.device_name(device))
 
 

@@ -2,12 +2,12 @@
 //! it, and the fixed-size chunks each data file is checksummed by.
 
 use crate::baseline::Baseline;
-use crate::manifest::{chunk_checksum, Chunk, DataFile, Entry};
+use crate::manifest::{chunk_checksum, Chunk, DataFile, Entry, Piece};
 use crate::request::{Region, SaveOptions};
 use crate::store::NewCheckpoint;
 use std::sync::Mutex;
 use zerohop::plan::TransferPlan;
-use zerohop::safetensors::{layout, TensorToSave};
+use zerohop::safetensors::{layout, Dtype, TensorToSave};
 use zerohop::storage::SinkFile;
 use zerohop::{DeviceBuffer, Engine, Result};
 
@@ -36,20 +36,21 @@ impl SaveLayout {
         base: &Baseline,
         opts: &SaveOptions,
     ) -> Result<SaveLayout> {
-        let n = opts
-            .shards
-            .unwrap_or(engine.config().io_threads)
-            .clamp(1, regions.len().max(1));
+        let n = opts.shards.unwrap_or(engine.config().io_threads).max(1);
+        let pieces = split(regions, n, opts.chunk_bytes);
         let mut metadata = opts.metadata.clone();
         metadata.insert("format".into(), "zerohop-checkpoint".into());
         let mut files = Vec::new();
         let mut plan = TransferPlan::new();
         let mut data_files = Vec::new();
-        let mut entries = Vec::new();
         let mut placed = Vec::new();
-        for (s, members) in shard(regions, n).into_iter().enumerate() {
-            let tensors: Vec<TensorToSave> =
-                members.iter().map(|&i| regions[i].to_save()).collect();
+        // Per region, its pieces' places, by where each starts in it.
+        let mut places: Vec<Vec<(u64, Piece)>> = vec![Vec::new(); regions.len()];
+        for (s, members) in shard(&pieces, n.min(pieces.len())).into_iter().enumerate() {
+            let tensors: Vec<TensorToSave> = members
+                .iter()
+                .map(|&i| pieces[i].to_save(regions))
+                .collect::<Result<_>>()?;
             let layout = layout(&tensors, &metadata)?;
             let name = format!("data-{s:05}.safetensors");
             let file = new.create_data(&name, layout.file_len, base.name.as_deref())?;
@@ -62,15 +63,12 @@ impl SaveLayout {
                     .collect(),
             );
             for (&i, info) in members.iter().zip(&layout.tensors) {
-                let r = &regions[i];
-                entries.push(Entry {
-                    name: r.name.clone(),
-                    dtype: r.tensor.as_ref().map(|(d, _)| d.name().to_string()),
-                    shape: r.tensor.as_ref().map(|(_, s)| s.clone()),
-                    bytes: info.len(),
+                let piece = Piece {
                     file: s,
                     offset: layout.data_start + info.begin,
-                });
+                    bytes: info.len(),
+                };
+                places[pieces[i].region].push((pieces[i].at, piece));
             }
             data_files.push(DataFile {
                 name,
@@ -79,6 +77,23 @@ impl SaveLayout {
                 header_xxh3: chunk_checksum(&layout.header),
             });
         }
+        let entries = regions
+            .iter()
+            .zip(places)
+            .map(|(r, mut places)| {
+                places.sort_unstable_by_key(|(at, _)| *at);
+                let pieces: Vec<Piece> = places.into_iter().map(|(_, p)| p).collect();
+                Entry {
+                    name: r.name.clone(),
+                    dtype: r.tensor.as_ref().map(|(d, _)| d.name().to_string()),
+                    shape: r.tensor.as_ref().map(|(_, s)| s.clone()),
+                    bytes: r.data.len() as u64,
+                    file: pieces[0].file,
+                    offset: pieces[0].offset,
+                    pieces: if pieces.len() > 1 { pieces } else { Vec::new() },
+                }
+            })
+            .collect();
         let slots = chunk_slots(&data_files, opts.chunk_bytes);
         Ok(SaveLayout {
             files,
@@ -118,17 +133,73 @@ impl SaveLayout {
     }
 }
 
-/// Splits regions over `n` shards, largest first onto the lightest shard,
+/// A region, or a piece of one that is split: `len` bytes from `at`.
+struct RegionPiece {
+    region: usize,
+    at: u64,
+    len: u64,
+    /// Its number and the region's count of pieces (1 when whole).
+    part: (usize, usize),
+}
+
+impl RegionPiece {
+    /// What the data file holds: a whole region as itself; a piece as raw
+    /// bytes, named after its region and place (`NAME#part3of16`).
+    fn to_save(&self, regions: &[Region]) -> Result<TensorToSave> {
+        let r = &regions[self.region];
+        if self.part.1 == 1 {
+            return Ok(r.to_save());
+        }
+        Ok(TensorToSave {
+            name: format!("{}#part{}of{}", r.name, self.part.0 + 1, self.part.1),
+            dtype: Dtype::U8,
+            shape: vec![self.len],
+            data: r.data.slice(self.at as usize, self.len as usize)?,
+        })
+    }
+}
+
+/// Cuts every region larger than an even share of `n` data files into
+/// pieces of that share (a multiple of `chunk_bytes`), so that one large
+/// region is written into many files at once, as many small ones are:
+/// writers of one file wait for each other on some file systems (tmpfs
+/// takes the file's lock for every write). Equal inputs give equal pieces,
+/// which incremental saves rely on.
+fn split(regions: &[Region], n: usize, chunk_bytes: u64) -> Vec<RegionPiece> {
+    let total: u64 = regions.iter().map(|r| r.data.len() as u64).sum();
+    let share = total
+        .div_ceil(n as u64)
+        .next_multiple_of(chunk_bytes)
+        .max(chunk_bytes);
+    let mut pieces = Vec::new();
+    for (region, r) in regions.iter().enumerate() {
+        let len = r.data.len() as u64;
+        let count = len.div_ceil(share).max(1) as usize;
+        for k in 0..count {
+            let at = k as u64 * share;
+            pieces.push(RegionPiece {
+                region,
+                at,
+                len: share.min(len - at),
+                part: (k, count),
+            });
+        }
+    }
+    pieces
+}
+
+/// Splits pieces over `n` shards, largest first onto the lightest shard,
 /// keeping the callers' order inside each shard (so equal inputs give equal
 /// layouts, which incremental saves rely on).
-fn shard(regions: &[Region], n: usize) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..regions.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(regions[i].data.len()));
+fn shard(pieces: &[RegionPiece], n: usize) -> Vec<Vec<usize>> {
+    let n = n.max(1);
+    let mut order: Vec<usize> = (0..pieces.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(pieces[i].len));
     let mut load = vec![0u64; n];
     let mut shards = vec![Vec::new(); n];
     for i in order {
         let lightest = (0..n).min_by_key(|&s| (load[s], s)).expect("n >= 1");
-        load[lightest] += regions[i].data.len() as u64;
+        load[lightest] += pieces[i].len;
         shards[lightest].push(i);
     }
     for s in &mut shards {

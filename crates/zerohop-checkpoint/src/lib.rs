@@ -30,7 +30,7 @@ mod verify;
 pub use checksums::ChecksumSite;
 pub use local::LocalStore;
 pub use manifest::{
-    checksum_hex, chunk_checksum, Chunk, DataFile, Entry, Manifest, FORMAT, MANIFEST_FILE,
+    checksum_hex, chunk_checksum, Chunk, DataFile, Entry, Manifest, Piece, FORMAT, MANIFEST_FILE,
     MAX_MANIFEST_BYTES, VERSION,
 };
 pub use request::{Region, SaveOptions, DEFAULT_CHUNK_BYTES};

@@ -11,7 +11,9 @@ use zerohop::safetensors::Dtype;
 use zerohop::{Error, ErrorKind, Result};
 
 pub const FORMAT: &str = "zerohop-checkpoint";
-pub const VERSION: u32 = 1;
+/// The newest version written: 2 where a region is split over data files
+/// (an entry has `pieces`), else 1, which every reader of version 1 reads.
+pub const VERSION: u32 = 2;
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const CHECKSUM: &str = "xxh3-64";
 /// Manifests beyond this size are refused before parsing.
@@ -62,6 +64,43 @@ pub struct Entry {
     /// Index into `files`, and the absolute offset of the first byte there.
     pub file: usize,
     pub offset: u64,
+    /// A region split over several data files (so that one large region is
+    /// written by every writer at once): its pieces in order, the first at
+    /// `file` and `offset`. Empty when the entry lies whole there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pieces: Vec<Piece>,
+}
+
+/// One piece of a split entry: `bytes` bytes at `offset` of file `file`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Piece {
+    pub file: usize,
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+impl Entry {
+    /// Where the entry's bytes lie, in order: each piece, and where in the
+    /// entry it starts.
+    pub fn placement(&self) -> Vec<(Piece, u64)> {
+        if self.pieces.is_empty() {
+            let whole = Piece {
+                file: self.file,
+                offset: self.offset,
+                bytes: self.bytes,
+            };
+            return vec![(whole, 0)];
+        }
+        let mut at = 0;
+        self.pieces
+            .iter()
+            .map(|p| {
+                at += p.bytes;
+                (*p, at - p.bytes)
+            })
+            .collect()
+    }
 }
 
 /// One checksummed chunk of a data file.
@@ -183,9 +222,9 @@ impl Manifest {
 
     fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::format(format!("manifest: {what}")));
-        if self.format != FORMAT || self.version != VERSION {
+        if self.format != FORMAT || !(1..=VERSION).contains(&self.version) {
             return bad(format!(
-                "format {:?} version {} is not {FORMAT:?} version {VERSION}",
+                "format {:?} version {} is not {FORMAT:?} version 1 to {VERSION}",
                 self.format, self.version
             ));
         }
@@ -223,23 +262,26 @@ impl Manifest {
             if !entry_names.insert(e.name.as_str()) {
                 return bad(format!("entry {:?} listed twice", e.name));
             }
-            let file = self.files.get(e.file).ok_or_else(|| {
-                Error::format(format!(
-                    "manifest: entry {:?} names file #{}",
-                    e.name, e.file
-                ))
-            })?;
-            if e.offset
-                .checked_add(e.bytes)
-                .is_none_or(|end| end > file.bytes)
-            {
-                return bad(format!(
-                    "entry {:?} runs past the end of {}",
-                    e.name, file.name
-                ));
-            }
             check_type(e)?;
-            per_file[e.file].push((e.offset, e.bytes));
+            self.check_pieces(e)?;
+            for (p, _) in e.placement() {
+                let file = self.files.get(p.file).ok_or_else(|| {
+                    Error::format(format!(
+                        "manifest: entry {:?} names file #{}",
+                        e.name, p.file
+                    ))
+                })?;
+                if p.offset
+                    .checked_add(p.bytes)
+                    .is_none_or(|end| end > file.bytes)
+                {
+                    return bad(format!(
+                        "entry {:?} runs past the end of {}",
+                        e.name, file.name
+                    ));
+                }
+                per_file[p.file].push((p.offset, p.bytes));
+            }
         }
         let mut chunks: Vec<Vec<&Chunk>> = vec![Vec::new(); self.files.len()];
         for c in &self.chunks {
@@ -298,6 +340,33 @@ impl Manifest {
     }
 }
 
+impl Manifest {
+    /// A split entry: two pieces or more, none empty, the first where the
+    /// entry says, together its size; and only in a version-2 manifest.
+    fn check_pieces(&self, e: &Entry) -> Result<()> {
+        if e.pieces.is_empty() {
+            return Ok(());
+        }
+        let first = e.pieces[0];
+        let total = e
+            .pieces
+            .iter()
+            .try_fold(0u64, |sum, p| sum.checked_add(p.bytes));
+        if self.version < 2
+            || e.pieces.len() < 2
+            || e.pieces.iter().any(|p| p.bytes == 0)
+            || (first.file, first.offset) != (e.file, e.offset)
+            || total != Some(e.bytes)
+        {
+            return Err(Error::format(format!(
+                "manifest: the pieces of entry {:?} do not make it up",
+                e.name
+            )));
+        }
+        Ok(())
+    }
+}
+
 fn check_type(e: &Entry) -> Result<()> {
     let bad = |what: &str| {
         Err(Error::format(format!(
@@ -337,4 +406,92 @@ pub(crate) fn check_name(name: &str, what: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two data files of 4,096-byte headers and 8 KiB of data each, holding
+    /// one raw entry split 8 KiB + 8 KiB.
+    fn split_manifest() -> Manifest {
+        let file = |name: &str| DataFile {
+            name: name.into(),
+            bytes: 4096 + 8192,
+            header_bytes: 4096,
+            header_xxh3: "0123456789abcdef".into(),
+        };
+        let chunk = |file| Chunk {
+            file,
+            offset: 4096,
+            len: 4096,
+            xxh3: "0123456789abcdef".into(),
+            stored_in: None,
+        };
+        let second = |file| Chunk {
+            offset: 8192,
+            ..chunk(file)
+        };
+        Manifest {
+            format: FORMAT.into(),
+            version: 2,
+            checksum: CHECKSUM.into(),
+            chunk_bytes: 4096,
+            parent: None,
+            metadata: BTreeMap::new(),
+            files: vec![file("a"), file("b")],
+            entries: vec![Entry {
+                name: "slab".into(),
+                dtype: None,
+                shape: None,
+                bytes: 16384,
+                file: 0,
+                offset: 4096,
+                pieces: vec![
+                    Piece {
+                        file: 0,
+                        offset: 4096,
+                        bytes: 8192,
+                    },
+                    Piece {
+                        file: 1,
+                        offset: 4096,
+                        bytes: 8192,
+                    },
+                ],
+            }],
+            chunks: vec![chunk(0), second(0), chunk(1), second(1)],
+        }
+    }
+
+    #[test]
+    fn split_entries_are_read_back_and_placed() {
+        let m = split_manifest();
+        let back = Manifest::decode(&m.encode()).unwrap();
+        assert_eq!(back, m);
+        let placement = back.entries[0].placement();
+        assert_eq!(placement[1].0.file, 1);
+        assert_eq!(placement[1].1, 8192);
+    }
+
+    #[test]
+    fn pieces_that_do_not_make_up_their_entry_are_refused() {
+        let broken: [fn(&mut Manifest); 5] = [
+            |m| m.entries[0].bytes = 16385,
+            |m| m.entries[0].offset = 8192,
+            |m| m.version = 1,
+            |m| m.entries[0].pieces[1].offset = 8192,
+            |m| {
+                // One piece alone says nothing the entry does not.
+                m.entries[0].pieces.truncate(1);
+                m.entries[0].bytes = 8192;
+            },
+        ];
+        for (i, breaks) in broken.iter().enumerate() {
+            let mut m = split_manifest();
+            breaks(&mut m);
+            let err = Manifest::decode(&m.encode()).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Format, "case {i}: {err}");
+        }
+    }
 }

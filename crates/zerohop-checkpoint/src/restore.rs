@@ -2,7 +2,7 @@
 //! pipeline into device memory, checking every chunk's checksum in the
 //! staging slot before it is copied on.
 
-use crate::manifest::{chunk_checksum, Entry, Manifest};
+use crate::manifest::{chunk_checksum, Manifest, Piece};
 use crate::save::check_geometry;
 use crate::store::Location;
 use std::collections::HashMap;
@@ -99,12 +99,16 @@ fn restore_entries(
     let mut plan = TransferPlan::new();
     // Per opened file, the chunks read from it, by offset.
     let mut expected: Vec<Vec<Expected>> = (0..sources.files.len()).map(|_| Vec::new()).collect();
-    let mut by_file: Vec<Vec<(usize, &Entry)>> = vec![Vec::new(); m.files.len()];
+    // Per data file, the entries' pieces in it: (entry, piece, where the
+    // piece starts in its entry), by offset.
+    let mut by_file: Vec<Vec<(usize, Piece, u64)>> = vec![Vec::new(); m.files.len()];
     for (i, e) in m.entries.iter().enumerate() {
-        by_file[e.file].push((i, e));
+        for (p, at) in e.placement() {
+            by_file[p.file].push((i, p, at));
+        }
     }
-    for entries in &mut by_file {
-        entries.sort_by_key(|(_, e)| e.offset);
+    for pieces in &mut by_file {
+        pieces.sort_by_key(|(_, p, _)| p.offset);
     }
     for (ci, c) in m.chunks.iter().enumerate() {
         let src = sources.index(c.file, c.stored_in.as_deref());
@@ -114,15 +118,15 @@ fn restore_entries(
             xxh3: &c.xxh3,
             chunk: ci,
         });
-        // The entries this chunk overlaps; each piece comes from `src`.
-        let entries = &by_file[c.file];
-        let first = entries.partition_point(|(_, e)| e.offset + e.bytes <= c.offset);
-        for &(i, e) in entries[first..]
+        // The pieces this chunk overlaps; each comes from `src`.
+        let pieces = &by_file[c.file];
+        let first = pieces.partition_point(|(_, p, _)| p.offset + p.bytes <= c.offset);
+        for &(i, p, at) in pieces[first..]
             .iter()
-            .take_while(|(_, e)| e.offset < c.offset + c.len)
+            .take_while(|(_, p, _)| p.offset < c.offset + c.len)
         {
-            let from = c.offset.max(e.offset);
-            let to = (c.offset + c.len).min(e.offset + e.bytes);
+            let from = c.offset.max(p.offset);
+            let to = (c.offset + c.len).min(p.offset + p.bytes);
             if from < to {
                 plan.add(
                     &sources.files,
@@ -130,7 +134,7 @@ fn restore_entries(
                     from,
                     to - from,
                     &targets[i],
-                    from - e.offset,
+                    at + from - p.offset,
                 )?;
             }
         }

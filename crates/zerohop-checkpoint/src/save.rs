@@ -55,7 +55,10 @@ pub fn save(
     check_holders(at, &manifest)?;
     new.commit(&manifest.encode())?;
     Ok(Saved {
-        written_bytes: stats.direct_bytes + stats.buffered_bytes + stats.remote_bytes,
+        written_bytes: stats.direct_bytes
+            + stats.buffered_bytes
+            + stats.mapped_bytes
+            + stats.remote_bytes,
         manifest,
         stats,
         seconds: started.elapsed().as_secs_f64(),
@@ -111,9 +114,10 @@ fn write_checkpoint(
 ) -> Result<(Manifest, TransferStats, ChecksumSite)> {
     let layout = SaveLayout::new(engine, regions, new, base, opts)?;
     let (stats, chunks, site) = write_hashed(engine, &layout, new, base, progress)?;
+    let split = layout.entries.iter().any(|e| !e.pieces.is_empty());
     let manifest = Manifest {
         format: FORMAT.into(),
-        version: VERSION,
+        version: if split { VERSION } else { 1 },
         checksum: CHECKSUM.into(),
         chunk_bytes: opts.chunk_bytes,
         parent: base.name.clone(),

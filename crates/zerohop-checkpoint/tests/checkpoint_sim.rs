@@ -145,11 +145,61 @@ fn round_trip_new_and_existing_regions() {
         None,
     )
     .unwrap();
-    assert_eq!(loaded.tensors.len(), regions.len());
+    // A region larger than a file's share (200,000 bytes of 372,405 over
+    // 3 files) is stored as pieces, each a tensor of its own.
+    let pieces: usize = saved
+        .manifest
+        .entries
+        .iter()
+        .map(|e| e.placement().len())
+        .sum();
+    assert_eq!(pieces, regions.len() + 1);
+    assert_eq!(loaded.tensors.len(), pieces);
+    assert_eq!(saved.manifest.version, 2);
 
     // Saving over an existing checkpoint is refused.
     let err = save(&e, &regions, &ck, &opts(), None).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::AlreadyExists, "{err}");
+}
+
+/// One large region is cut into pieces over every data file, as many
+/// regions would be spread over them; it comes back whole, also into a
+/// target given, and an incremental save of it writes only what changed.
+#[test]
+fn one_large_region_is_split_over_the_data_files() {
+    let dir = TestDir::new("split");
+    let e = engine();
+    let n = 10 * CHUNK as usize + 123;
+    let bytes = pattern(n, 40);
+    let b = e.device().alloc(n).unwrap();
+    e.device().write_from_host(&b, 0, &bytes).unwrap();
+    let regions = vec![Region::raw("slab", b.clone())];
+    let ck = dir.path("one");
+    let saved = save(&e, &regions, &ck, &opts(), None).unwrap();
+    assert_eq!(saved.manifest.files.len(), 3);
+    let entry = &saved.manifest.entries[0];
+    assert_eq!(entry.pieces.len(), 3);
+    let sizes: Vec<u64> = entry.pieces.iter().map(|p| p.bytes).collect();
+    assert_eq!(sizes, vec![4 * CHUNK, 4 * CHUNK, 2 * CHUNK + 123]);
+    let r = restore(&e, &ck, None).unwrap();
+    assert!(contents(&e, &r.buffers[0]) == bytes);
+    let target = e.device().alloc(n).unwrap();
+    restore_into(&e, &ck, &[("slab", target.clone())], None).unwrap();
+    assert!(contents(&e, &target) == bytes);
+
+    // One chunk changes: the child writes that chunk alone.
+    let mut changed = bytes.clone();
+    changed[5 * CHUNK as usize + 7] ^= 0xff;
+    e.device().write_from_host(&b, 0, &changed).unwrap();
+    let child = dir.path("two");
+    let o = SaveOptions {
+        parent: Some(by_dir::at(&ck)),
+        ..opts()
+    };
+    let saved = save(&e, &regions, &child, &o, None).unwrap();
+    assert_eq!(saved.written_bytes, CHUNK);
+    let r = restore(&e, &child, None).unwrap();
+    assert!(contents(&e, &r.buffers[0]) == changed);
 }
 
 #[test]

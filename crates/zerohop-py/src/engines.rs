@@ -47,13 +47,17 @@ pub fn device_name(spec: &str) -> PyResult<String> {
     })
 }
 
-/// Makes the engine of `device` now (its pinned staging memory most of
-/// all), so that the first load does not wait for it. Returns the
+/// Makes the engine of `device` now, with all its pinned staging memory
+/// (which transfers otherwise pin as they first need it). Returns the
 /// engine's device, as `info` describes it.
 #[pyfunction]
 pub fn prepare(py: Python<'_>, device: &str) -> PyResult<String> {
     let place = Place::parse(device)?;
-    py.detach(|| engine(place)).map(|e| e.device().describe())
+    py.detach(|| {
+        let e = engine(place)?;
+        e.allocate_staging().map_err(to_py)?;
+        Ok(e.device().describe())
+    })
 }
 
 /// What the process keeps one of per device, made on first use.

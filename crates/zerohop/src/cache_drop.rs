@@ -20,19 +20,13 @@ pub enum CacheDrop {
     MemoryFileSystem,
 }
 
-/// `f_type`s of memory file systems in `statfs` (linux/magic.h).
-const TMPFS_MAGIC: u64 = 0x0102_1994;
-const RAMFS_MAGIC: u64 = 0x8584_58f6;
-
 /// Drops `path` from the page cache: drop_caches where permitted, else
 /// fadvise DONTNEED; nothing on a memory file system. Says which was done
 /// and the residency afterwards.
 pub fn drop_from_page_cache(path: &Path) -> std::io::Result<(CacheDrop, f64)> {
     let (f, stamp) = crate::storage::open_regular(path, crate::storage::Access::Read)
         .map_err(std::io::Error::other)?;
-    let in_memory = rustix::fs::fstatfs(&f)
-        .is_ok_and(|fs| [TMPFS_MAGIC, RAMFS_MAGIC].contains(&(fs.f_type as u64)));
-    let how = match in_memory {
+    let how = match crate::storage::in_memory(&f) {
         true => CacheDrop::MemoryFileSystem,
         false => drop_caches(&f)?,
     };
@@ -64,7 +58,7 @@ mod tests {
     #[test]
     fn files_in_memory_are_left_as_they_are() {
         let dir = Path::new("/dev/shm");
-        let on_tmpfs = rustix::fs::statfs(dir).is_ok_and(|fs| fs.f_type as u64 == TMPFS_MAGIC);
+        let on_tmpfs = std::fs::File::open(dir).is_ok_and(|d| crate::storage::in_memory(&d));
         if !on_tmpfs {
             eprintln!("skipped: /dev/shm is not a tmpfs here");
             return;

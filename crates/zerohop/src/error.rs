@@ -75,6 +75,7 @@ impl Error {
             io::ErrorKind::NotFound => ErrorKind::NotFound,
             io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
             io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
+            io::ErrorKind::StorageFull => ErrorKind::StorageFull,
             _ => match Errno::from_io_error(&err) {
                 Some(Errno::ISDIR) => ErrorKind::InvalidInput,
                 Some(Errno::NOSPC | Errno::DQUOT) => ErrorKind::StorageFull,

@@ -62,18 +62,18 @@ impl StagingConfig {
     }
 }
 
-/// The slots themselves.
+/// The slots themselves, each pinned the first time a worker uses it (see
+/// [`StagingShare`]) and kept from then on.
 pub struct StagingPool {
     config: StagingConfig,
-    slots: Vec<Box<dyn StagingMemory>>,
+    slots: Vec<Option<Box<dyn StagingMemory>>>,
 }
 
 impl StagingPool {
-    pub fn new(device: &dyn Device, config: StagingConfig) -> Result<Self> {
+    /// A pool of `config.slot_count()` slots, none allocated yet.
+    pub fn new(config: StagingConfig) -> Result<Self> {
         config.validate()?;
-        let slots = (0..config.slot_count())
-            .map(|_| device.alloc_staging(config.slot_bytes))
-            .collect::<Result<Vec<_>>>()?;
+        let slots = (0..config.slot_count()).map(|_| None).collect();
         Ok(StagingPool { config, slots })
     }
 
@@ -81,21 +81,105 @@ impl StagingPool {
         self.config
     }
 
-    /// Bytes of host memory held by the pool.
+    /// Bytes of host memory held by the pool (slots allocated so far).
     pub fn bytes(&self) -> u64 {
-        self.slots.iter().map(|s| s.len() as u64).sum()
+        self.slots.iter().flatten().map(|s| s.len() as u64).sum()
+    }
+
+    /// Allocates every slot not allocated yet.
+    pub fn allocate_all(&mut self, device: &dyn Device) -> Result<()> {
+        for slot in self.slots.iter_mut().filter(|s| s.is_none()) {
+            *slot = Some(device.alloc_staging(self.config.slot_bytes)?);
+        }
+        Ok(())
     }
 
     /// Splits the slots among at most `workers` workers (at least one),
     /// each getting at least `min_slots` (two let a worker read one while
     /// another copies) where there are enough.
-    pub(crate) fn worker_shares(
-        &mut self,
+    pub(crate) fn worker_shares<'p>(
+        &'p mut self,
+        device: &'p dyn Device,
         workers: usize,
         min_slots: usize,
-    ) -> Vec<&mut [Box<dyn StagingMemory>]> {
+    ) -> Vec<StagingShare<'p>> {
         let n = workers.min(self.slots.len() / min_slots.max(1)).max(1);
         let per_worker = self.slots.len() / n;
-        self.slots.chunks_mut(per_worker).take(n).collect()
+        let slot_bytes = self.config.slot_bytes;
+        self.slots
+            .chunks_mut(per_worker)
+            .take(n)
+            .map(|slots| StagingShare {
+                slots,
+                device,
+                slot_bytes,
+                alloc_seconds: 0.0,
+            })
+            .collect()
+    }
+}
+
+/// One worker's slots. A slot is allocated (pinned, on a GPU) the first
+/// time its worker takes it, on the worker's own thread: a new engine's
+/// first transfer starts as soon as each worker has its first slot, and
+/// the workers pin in parallel, instead of the whole pool being pinned
+/// before anything moves (63 - 88 ms for 128 MiB on the H200 machine).
+pub(crate) struct StagingShare<'p> {
+    slots: &'p mut [Option<Box<dyn StagingMemory>>],
+    device: &'p dyn Device,
+    slot_bytes: usize,
+    /// Seconds spent allocating slots.
+    pub alloc_seconds: f64,
+}
+
+impl StagingShare<'_> {
+    /// Slots in this share.
+    pub fn count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes per slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Slot `i`, allocated now if this is its first use.
+    pub fn get(&mut self, i: usize) -> Result<&mut dyn StagingMemory> {
+        let slot = &mut self.slots[i];
+        if slot.is_none() {
+            let t = std::time::Instant::now();
+            *slot = Some(self.device.alloc_staging(self.slot_bytes)?);
+            self.alloc_seconds += t.elapsed().as_secs_f64();
+        }
+        Ok(slot.as_deref_mut().expect("allocated above"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::HostDevice;
+
+    /// Slots are allocated on first use only, once each, and the pool
+    /// counts only what is allocated.
+    #[test]
+    fn slots_are_allocated_on_first_use() {
+        let device = HostDevice::new();
+        let mut pool = StagingPool::new(StagingConfig {
+            total_bytes: 8 << 12,
+            slot_bytes: 1 << 12,
+        })
+        .unwrap();
+        assert_eq!(pool.bytes(), 0);
+        let mut shares = pool.worker_shares(&device, 3, 2);
+        assert_eq!(shares.len(), 3);
+        assert!(shares.iter().all(|s| s.count() == 2));
+        let first = shares[0].get(1).unwrap().as_mut_ptr();
+        assert_eq!(shares[0].get(1).unwrap().as_mut_ptr(), first);
+        shares[2].get(0).unwrap();
+        drop(shares);
+        assert_eq!(pool.bytes(), 2 << 12);
+        pool.allocate_all(&device).unwrap();
+        assert_eq!(pool.bytes(), 8 << 12);
     }
 }

@@ -40,8 +40,10 @@ pub struct TransferStats {
     /// store) into staging slots, or for host reads into the destination.
     /// Saves: bytes sent to remote objects, in whole parts from the slots.
     pub remote_bytes: u64,
-    /// Bytes the CPU copied out of file mappings (of page-cache pages) into
-    /// staging slots.
+    /// Loads: bytes the CPU copied out of file mappings (of page-cache
+    /// pages) into staging slots. Saves: bytes the CPU copied out of the
+    /// slots into mappings of the files (files of a memory file system that
+    /// several workers write at once).
     pub mapped_bytes: u64,
     /// Bytes the GPU copied straight from registered page-cache pages.
     pub page_cache_dma_bytes: u64,
@@ -62,6 +64,11 @@ pub struct TransferStats {
     /// bytes started (waiting for the caller's streams, routes, residency
     /// checks, a hot-route measurement where one ran).
     pub setup_seconds: f64,
+    /// The engine's own setup (its copy queues, a remembered hot route),
+    /// reported by the engine's first transfer and 0 after: part of the
+    /// wait of a first call that made the engine. Staging slots are pinned
+    /// later, by the workers (`profile.staging_seconds`).
+    pub engine_setup_seconds: f64,
     /// Anything the transfer did differently than configured, and why.
     pub notes: Vec<String>,
 }
@@ -77,6 +84,9 @@ pub struct WorkerProfile {
     pub io_seconds: f64,
     /// Pinning page-cache windows for the DMA route.
     pub pin_seconds: f64,
+    /// Allocating (pinning) staging slots on their first use: a new
+    /// engine's first transfers only.
+    pub staging_seconds: f64,
     /// Looking at the bytes in the slots: checksums of checkpoints.
     pub check_seconds: f64,
     /// Queueing copies and recording their fences.
@@ -94,6 +104,7 @@ impl WorkerProfile {
         self.worker_seconds += o.worker_seconds;
         self.io_seconds += o.io_seconds;
         self.pin_seconds += o.pin_seconds;
+        self.staging_seconds += o.staging_seconds;
         self.check_seconds += o.check_seconds;
         self.queue_seconds += o.queue_seconds;
         self.copy_wait_seconds += o.copy_wait_seconds;
@@ -110,9 +121,10 @@ impl WorkerProfile {
             }
         };
         format!(
-            "workers' time: file I/O {:.0}%, pin {:.0}%, checksums {:.0}%, queue copies {:.0}%, wait for copies {:.0}%",
+            "workers' time: file I/O {:.0}%, pin {:.0}%, staging allocation {:.0}%, checksums {:.0}%, queue copies {:.0}%, wait for copies {:.0}%",
             share(self.io_seconds),
             share(self.pin_seconds),
+            share(self.staging_seconds),
             share(self.check_seconds),
             share(self.queue_seconds),
             share(self.copy_wait_seconds)
@@ -125,11 +137,19 @@ impl TransferStats {
     /// mixed with file writes in one save, and bytes of unchanged chunks
     /// (`skipped_bytes`) are neither written nor uploaded.
     fn save_path(&self) -> String {
-        let written = self.direct_bytes + self.buffered_bytes;
+        let written = self.direct_bytes + self.buffered_bytes + self.mapped_bytes;
         let kind = match (self.direct_bytes > 0, self.buffered_bytes > 0) {
             (true, true) => "O_DIRECT and buffered",
             (true, false) => "O_DIRECT",
             _ => "buffered",
+        };
+        let writes = match (
+            self.direct_bytes + self.buffered_bytes > 0,
+            self.mapped_bytes > 0,
+        ) {
+            (true, true) => format!("{} {kind} + CPU copies into file mappings", self.backend),
+            (false, true) => "CPU copies into file mappings".to_string(),
+            _ => format!("{} {kind}", self.backend),
         };
         let kept = if self.skipped_bytes > 0 {
             "; unchanged chunks kept by reference to the parent"
@@ -143,9 +163,8 @@ impl TransferStats {
             )
         } else if written > 0 {
             format!(
-                "staged ({} -> {} {kind}) + fsync{kept}",
-                self.staging_words(true),
-                self.backend
+                "staged ({} -> {writes}) + fsync{kept}",
+                self.staging_words(true)
             )
         } else if self.skipped_bytes > 0 {
             "nothing written: every chunk unchanged, kept by reference to the parent".into()

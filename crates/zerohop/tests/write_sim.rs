@@ -90,6 +90,47 @@ fn scattered_ranges_land_exactly() {
     }
 }
 
+/// One file of a memory file system written by several workers goes
+/// through a mapping of it (tmpfs serializes `write()`s into one file), and
+/// every byte lands; written by as many workers as files, it does not.
+#[test]
+fn one_file_on_tmpfs_shared_by_workers_is_written_through_a_mapping() {
+    let shm = std::path::Path::new("/dev/shm");
+    let on_tmpfs = std::fs::File::open(shm).is_ok_and(|d| zerohop::storage::in_memory(&d));
+    if !on_tmpfs {
+        eprintln!("skipped: /dev/shm is not a memory file system here");
+        return;
+    }
+    let dir = TestDir::under(shm, "write-mapped");
+    let e = engine(16 << 10, 8, 4);
+    let data = pattern((600 << 10) + 77, 9);
+    let buf = upload(&e, &data);
+    let files = vec![SinkFile::create_new(&dir.path("one"), data.len() as u64 + 4096).unwrap()];
+    let mut plan = TransferPlan::new();
+    plan.add(&files, 0, 4096, data.len() as u64, &buf, 0)
+        .unwrap();
+    e.write_host_bytes(&files[0], 0, b"head").unwrap();
+    let stats = e.write(&files, &plan, None, None).unwrap();
+    assert_eq!(stats.mapped_bytes, data.len() as u64, "{stats:?}");
+    assert!(stats.path.contains("file mappings"), "{}", stats.path);
+    drop(files);
+    let back = std::fs::read(dir.path("one")).unwrap();
+    assert_eq!(&back[..4], b"head");
+    assert!(back[4..4096].iter().all(|&b| b == 0));
+    assert!(back[4096..] == data[..], "the mapped write put other bytes");
+
+    let per_worker: Vec<SinkFile> = (0..4)
+        .map(|i| SinkFile::create_new(&dir.path(&format!("f{i}")), 8192).unwrap())
+        .collect();
+    let mut plan = TransferPlan::new();
+    for i in 0..4 {
+        plan.add(&per_worker, i, 0, 8192, &buf, i as u64 * 8192)
+            .unwrap();
+    }
+    let stats = e.write(&per_worker, &plan, None, None).unwrap();
+    assert_eq!(stats.mapped_bytes, 0, "{stats:?}");
+}
+
 #[test]
 fn overlapping_ranges_are_refused() {
     let dir = TestDir::new("write-overlap");

@@ -95,6 +95,7 @@ impl Engine {
             windows: done.windows,
             profile: done.moved.profile,
             setup_seconds,
+            engine_setup_seconds: self.take_setup_seconds(),
             notes: done.notes,
             ..Default::default()
         };
@@ -147,7 +148,7 @@ impl Engine {
             false => (self.config.io_threads, 2),
         };
         let claims = super::claims::claims(&items, files, self.config.remote_read_bytes, workers);
-        let shares = pool.worker_shares(workers.min(claims.len()), min_slots);
+        let shares = pool.worker_shares(self.device.as_ref(), workers.min(claims.len()), min_slots);
         let threads = shares.len();
         // Each worker makes its copy queue and reader on its own thread.
         let workers = shares.into_iter().map(|slots| Worker { slots }).collect();

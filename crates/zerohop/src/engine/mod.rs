@@ -49,6 +49,8 @@ pub struct Engine {
     hot_choice_key: String,
     /// The read workers' copy queues, kept between loads.
     queues: workers::QueuePool,
+    /// Seconds the engine took to make, until its first transfer takes it.
+    setup_seconds: Mutex<Option<f64>>,
 }
 
 impl Engine {
@@ -73,6 +75,7 @@ impl Engine {
         config: EngineConfig,
         backend: Arc<dyn ReadBackend>,
     ) -> Result<Self> {
+        let started = std::time::Instant::now();
         if config.io_threads == 0 || config.remote_streams == 0 {
             return Err(Error::invalid(
                 "io_threads and remote_streams must be at least 1",
@@ -89,7 +92,7 @@ impl Engine {
                 )));
             }
         }
-        let pool = StagingPool::new(device.as_ref(), config.staging)?;
+        let pool = StagingPool::new(config.staging)?;
         let queues = workers::QueuePool::filled(device.as_ref(), config.io_threads)?;
         let hot_choice_key = hot_choice::key(&device.describe());
         let remembered = match (&config.hot_choice_file, config.hot_route) {
@@ -106,7 +109,22 @@ impl Engine {
             hot_choice: Mutex::new(remembered),
             hot_choice_key,
             queues,
+            setup_seconds: Mutex::new(Some(started.elapsed().as_secs_f64())),
         })
+    }
+
+    /// Allocates (pins) every staging slot now, where transfers would
+    /// allocate each on its first use: for callers with time to spare
+    /// before their first transfer.
+    pub fn allocate_staging(&self) -> Result<()> {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.allocate_all(self.device.as_ref())
+    }
+
+    /// The engine's setup time for the first transfer that asks, 0 after.
+    fn take_setup_seconds(&self) -> f64 {
+        let mut setup = self.setup_seconds.lock().unwrap_or_else(|p| p.into_inner());
+        setup.take().unwrap_or(0.0)
     }
 
     /// Replaces the write backend (e.g. with a fault-injecting one).

@@ -11,8 +11,9 @@
 use super::page_cache_dma::populate;
 use super::route::Route;
 use super::workers::{assert_fits, run_workers, Progress, QueuePool};
-use crate::device::{CopyQueue, Device, Fence, HostPin, StagingMemory};
+use crate::device::{CopyQueue, Device, Fence, HostPin};
 use crate::plan::{Extent, Window, WindowCopy, WorkItem};
+use crate::staging::StagingShare;
 use crate::stats::WorkerProfile;
 use crate::storage::{BlockReader, GuardedMapping, IoMode, ReadBackend, RemoteStream, SourceFile};
 use crate::{Error, ErrorKind, Result};
@@ -81,12 +82,12 @@ struct Shared<'a> {
 
 /// One worker's share of the staging slots.
 pub(super) struct Worker<'s> {
-    pub slots: &'s mut [Box<dyn StagingMemory>],
+    pub slots: StagingShare<'s>,
 }
 
 /// One worker's equipment, made on its own thread.
 struct Equipment<'s> {
-    slots: &'s mut [Box<dyn StagingMemory>],
+    slots: StagingShare<'s>,
     queue: Box<dyn CopyQueue>,
     /// Made at the first read: windows that are copied out of mappings
     /// need none.
@@ -128,7 +129,7 @@ fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
         reader: None,
         stream: None,
     };
-    let mut free: Vec<usize> = (0..w.slots.len()).collect();
+    let mut free: Vec<usize> = (0..w.slots.count()).collect();
     let mut pending: VecDeque<(Box<dyn Fence>, Held)> = VecDeque::new();
     let mut moved = Moved::default();
     let started = Instant::now();
@@ -145,6 +146,7 @@ fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
     }
     moved.profile.copy_wait_seconds += waited.elapsed().as_secs_f64();
     moved.profile.worker_seconds = started.elapsed().as_secs_f64();
+    moved.profile.staging_seconds = w.slots.alloc_seconds;
     // After an error, copies queued without a fence may still run: the pool
     // waits for them before it keeps the queue.
     shared
@@ -284,7 +286,7 @@ fn run_item(
                             dst: c.dst,
                         })
                         .collect();
-                    let slot_len = w.slots[0].len() as u64;
+                    let slot_len = w.slots.slot_bytes() as u64;
                     for sub in
                         crate::plan::windows(&extents, slot_len, crate::storage::DIRECT_ALIGN)
                     {
@@ -342,6 +344,11 @@ fn stage(
         wait_oldest(pending, free, &mut moved.profile)?;
     }
     let slot = free.pop().expect("a slot is free");
+    // Allocated here on its first use, outside the read's time.
+    if let Err(e) = w.slots.get(slot) {
+        free.push(slot);
+        return Err(e);
+    }
     let t = Instant::now();
     let read = match fill {
         Fill::Read(mode) => read_window(w, slot, job.backend, file, mode, win).map(Some),
@@ -354,7 +361,7 @@ fn stage(
             // SAFETY: the slot holds `win.needed` freshly read bytes and no
             // copy reads or writes it now.
             let bytes = unsafe {
-                std::slice::from_raw_parts(w.slots[slot].as_mut_ptr(), win.needed as usize)
+                std::slice::from_raw_parts(w.slots.get(slot)?.as_mut_ptr(), win.needed as usize)
             };
             check(win.file, win.start, bytes)?;
             moved.profile.check_seconds += t.elapsed().as_secs_f64();
@@ -368,7 +375,7 @@ fn stage(
             return Err(e);
         }
     };
-    let base = w.slots[slot].as_mut_ptr();
+    let base = w.slots.get(slot)?.as_mut_ptr();
     // SAFETY: the slot holds `win.needed` freshly read bytes, and it stays
     // untouched until the fence below has been waited for (it is on
     // `pending` and not in `free`).
@@ -385,8 +392,8 @@ fn stage(
 
 /// Copies the bytes `win` needs out of its file's mapping into `slot`.
 fn copy_window(w: &mut Equipment<'_>, slot: usize, job: &Job<'_>, win: &Window) -> Result<()> {
-    let staging = &mut w.slots[slot];
-    assert_fits(win, staging.as_ref());
+    let staging = w.slots.get(slot)?;
+    assert_fits(win, staging);
     let file = &job.files[win.file];
     let map = job.maps[win.file]
         .as_ref()
@@ -420,8 +427,8 @@ fn read_window(
     mode: IoMode,
     win: &Window,
 ) -> Result<IoMode> {
-    let staging = &mut w.slots[slot];
-    assert_fits(win, staging.as_ref());
+    let staging = w.slots.get(slot)?;
+    assert_fits(win, staging);
     // SAFETY: this worker owns the slot exclusively and no copy reads it now
     // (its last fence has passed), so a unique mutable view is sound.
     let buf =

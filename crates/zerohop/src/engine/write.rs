@@ -5,7 +5,7 @@ use super::{Engine, Progress};
 use crate::device::wait_for_buffer_streams;
 use crate::plan::{interleave_files, whole_chunks, windows, TransferPlan};
 use crate::stats::{Direction, TransferStats};
-use crate::storage::{sync_dir, IoMode, Origin, SinkFile, DIRECT_ALIGN};
+use crate::storage::{in_memory, sync_dir, IoMode, Origin, SinkFile, WriteMapping, DIRECT_ALIGN};
 use crate::{Error, ErrorKind, Result};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -49,7 +49,11 @@ impl Engine {
         // each write.
         let remote = files.iter().any(|f| f.remote().is_some());
         let min_slots = if remote { 1 } else { 2 };
-        let shares = pool.worker_shares(self.config.io_threads.min(windows.len()), min_slots);
+        let shares = pool.worker_shares(
+            self.device.as_ref(),
+            self.config.io_threads.min(windows.len()),
+            min_slots,
+        );
         let threads = shares.len();
         let mut workers = Vec::with_capacity(threads);
         for share in shares {
@@ -60,6 +64,7 @@ impl Engine {
         }
         let job = WriteJob {
             files,
+            maps: write_mappings(files, threads),
             writer: self.writer.as_ref(),
             windows,
             filter,
@@ -75,6 +80,7 @@ impl Engine {
             backend: self.writer.name().to_string(),
             direct_bytes: written.direct,
             buffered_bytes: written.buffered,
+            mapped_bytes: written.mapped,
             remote_bytes: written.remote,
             skipped_bytes: written.skipped,
             sync_seconds: synced.elapsed().as_secs_f64(),
@@ -84,10 +90,15 @@ impl Engine {
             files: files.len(),
             windows: job.windows.len(),
             profile: written.profile,
+            engine_setup_seconds: self.take_setup_seconds(),
             ..Default::default()
         };
         debug_assert_eq!(
-            stats.direct_bytes + stats.buffered_bytes + stats.remote_bytes + stats.skipped_bytes,
+            stats.direct_bytes
+                + stats.buffered_bytes
+                + stats.mapped_bytes
+                + stats.remote_bytes
+                + stats.skipped_bytes,
             plan.bytes()
         );
         stats.finish(started, cpu_before);
@@ -139,6 +150,26 @@ impl Engine {
             .collect();
         dirs.into_iter().try_for_each(sync_dir)
     }
+}
+
+/// Mappings of the files that `threads` workers write through one: those
+/// on a memory file system that several workers share. Such a file system
+/// serializes the `write()`s into one file, not copies into its mapping
+/// (8 GiB into one tmpfs file from 16 threads: 2.0 - 2.4 GB/s written,
+/// 4.6 GB/s copied into a mapping, on the H200 machine). A file that cannot
+/// be mapped (opened write-only by a client) is written as any other.
+fn write_mappings(files: &[SinkFile], threads: usize) -> Vec<Option<WriteMapping>> {
+    let shared = threads >= 2 * files.len();
+    files
+        .iter()
+        .map(|f| {
+            let fd = f.local_fds()?.fd_for(IoMode::Buffered);
+            if !shared || f.is_empty() || !in_memory(fd) {
+                return None;
+            }
+            WriteMapping::new(fd, f.len()).ok()
+        })
+        .collect()
 }
 
 /// Refuses a remote object whose parts are of another size than the

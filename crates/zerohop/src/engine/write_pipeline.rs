@@ -5,10 +5,11 @@
 //! worker keeps up to its slot count in flight, and workers run in parallel).
 
 use super::workers::{assert_fits, run_workers, Progress};
-use crate::device::{CopyQueue, Fence, StagingMemory};
+use crate::device::{CopyQueue, Fence};
 use crate::plan::Window;
+use crate::staging::StagingShare;
 use crate::stats::WorkerProfile;
-use crate::storage::{write_mode, FilePair, IoMode, Origin, SinkFile, WriteBackend};
+use crate::storage::{write_mode, FilePair, IoMode, Origin, SinkFile, WriteBackend, WriteMapping};
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -26,6 +27,8 @@ pub type WriteFilter<'a> = &'a (dyn Fn(usize, u64, &[u8]) -> Result<Vec<Range<u6
 pub(super) struct Written {
     pub direct: u64,
     pub buffered: u64,
+    /// Bytes copied into mappings of the files.
+    pub mapped: u64,
     /// Bytes sent to remote objects, in whole parts.
     pub remote: u64,
     /// Bytes the filter chose not to write.
@@ -37,6 +40,7 @@ impl Written {
     fn add(&mut self, o: Written) {
         self.direct += o.direct;
         self.buffered += o.buffered;
+        self.mapped += o.mapped;
         self.remote += o.remote;
         self.skipped += o.skipped;
         self.profile.add(o.profile);
@@ -45,6 +49,8 @@ impl Written {
 
 pub(super) struct WriteJob<'a> {
     pub files: &'a [SinkFile],
+    /// Per file, the mapping its windows are copied into, if any.
+    pub maps: Vec<Option<WriteMapping>>,
     pub writer: &'a dyn WriteBackend,
     pub windows: Vec<Window>,
     pub filter: Option<WriteFilter<'a>>,
@@ -52,7 +58,7 @@ pub(super) struct WriteJob<'a> {
 }
 
 pub(super) struct WriteWorker<'s> {
-    pub slots: &'s mut [Box<dyn StagingMemory>],
+    pub slots: StagingShare<'s>,
     pub queue: Box<dyn CopyQueue>,
 }
 
@@ -83,7 +89,7 @@ fn work(
 ) -> Result<Written> {
     let started = Instant::now();
     let mut out = Written::default();
-    let mut free: Vec<usize> = (0..w.slots.len()).collect();
+    let mut free: Vec<usize> = (0..w.slots.count()).collect();
     let mut pending: VecDeque<InFlight> = VecDeque::new();
     let mut result = Ok(());
     while result.is_ok() && !abort.load(Ordering::Relaxed) {
@@ -121,6 +127,7 @@ fn work(
         };
     }
     out.profile.worker_seconds = started.elapsed().as_secs_f64();
+    out.profile.staging_seconds = w.slots.alloc_seconds;
     result.map(|()| out)
 }
 
@@ -131,9 +138,9 @@ fn queue_window(
     win: &Window,
     profile: &mut WorkerProfile,
 ) -> Result<Box<dyn Fence>> {
+    let staging = w.slots.get(slot)?;
+    assert_fits(win, staging);
     let t = Instant::now();
-    let staging = &mut w.slots[slot];
-    assert_fits(win, staging.as_ref());
     let base = staging.as_mut_ptr();
     for c in &win.copies {
         // SAFETY: the copy lands inside the slot (window_offset + len <=
@@ -174,7 +181,7 @@ fn finish(
     // SAFETY: the fence passed, so the copies into the slot are complete and
     // nothing else reads or writes it until this worker frees it.
     let slot = unsafe {
-        std::slice::from_raw_parts_mut(w.slots[f.slot].as_mut_ptr(), win.needed as usize)
+        std::slice::from_raw_parts_mut(w.slots.get(f.slot)?.as_mut_ptr(), win.needed as usize)
     };
     match &**file {
         Origin::Remote { object, .. } => {
@@ -207,6 +214,13 @@ fn finish(
             let mut kept = 0;
             for r in keep {
                 kept += r.end - r.start;
+                if let Some(map) = &job.maps[win.file] {
+                    let at = win.start + r.start;
+                    map.write_at(at, &slot[r.start as usize..r.end as usize])
+                        .map_err(|e| write_error(file, at, r.end - r.start, e))?;
+                    out.mapped += r.end - r.start;
+                    continue;
+                }
                 let (direct, buffered) = write_range(job.writer, file, fds, win.start, r, slot)?;
                 out.direct += direct;
                 out.buffered += buffered;

@@ -1,5 +1,6 @@
-//! Survives bus errors in file mappings the CPU copies from. A file that is
-//! truncated while mapped turns a read of its vanished pages into SIGBUS,
+//! Survives bus errors in file mappings the CPU copies from or into. A file
+//! that is truncated while mapped (or, written through a mapping, whose file
+//! system is full) turns an access to its vanished pages into SIGBUS,
 //! which kills the process by default. The handler installed here looks the
 //! faulting address up among the guarded ranges; for one of them it maps a
 //! page of zeros over the faulting page and marks the range as faulted, so
@@ -188,13 +189,15 @@ fn absorb(addr: usize) -> bool {
         if s.start.load(Ordering::Acquire) <= addr && addr < s.end.load(Ordering::Acquire) {
             let at = addr & !(page - 1);
             // SAFETY: replaces one page inside a guarded range, which belongs
-            // to a file mapping whose owner keeps it mapped while guarded and
-            // only ever reads it; the new page is private zeros, read-only.
+            // to a file mapping whose owner keeps it mapped while guarded;
+            // the new page is private zeros, writable so that a write into a
+            // guarded mapping finishes too (into this page, never the
+            // file's), after which its owner sees `faulted` and fails.
             let mapped = unsafe {
                 rustix::mm::mmap_anonymous(
                     at as *mut c_void,
                     page,
-                    rustix::mm::ProtFlags::READ,
+                    rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
                     rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED,
                 )
             };

@@ -31,6 +31,16 @@ unsafe impl Sync for FileMapping {}
 impl FileMapping {
     /// Maps the first `len` bytes of `file` (its length; not 0) read-only.
     pub fn new(file: &File, len: u64) -> io::Result<Self> {
+        Self::with_protection(file, len, ProtFlags::READ)
+    }
+
+    /// Maps the first `len` bytes of `file` (opened for reading and
+    /// writing) for writing; only [`super::WriteMapping`] writes through it.
+    pub(crate) fn new_writable(file: &File, len: u64) -> io::Result<Self> {
+        Self::with_protection(file, len, ProtFlags::READ | ProtFlags::WRITE)
+    }
+
+    fn with_protection(file: &File, len: u64, protection: ProtFlags) -> io::Result<Self> {
         let len = usize::try_from(len)
             .ok()
             .filter(|&n| n > 0)
@@ -41,13 +51,22 @@ impl FileMapping {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
                 len,
-                ProtFlags::READ,
+                protection,
                 MapFlags::SHARED,
                 file,
                 0,
             )
         }?;
         Ok(FileMapping { ptr, len })
+    }
+
+    /// Bytes mapped (the file's length when mapped).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// The mapped range for `len` bytes at `start`, clamped to the last
@@ -136,6 +155,33 @@ impl FileMapping {
             std::thread::sleep(UNMAP_PAUSE);
         }
     }
+
+    /// Drops our page-table entries for the whole pages of `len` bytes at
+    /// `ptr` (the page cache keeps the pages). Tearing down the entries of
+    /// a large mapping at unmap takes long (about 0.2 s for 8 GiB on the
+    /// reference machine) and holds the process's memory-map lock, which
+    /// stalls the caller's page faults and allocations meanwhile; done
+    /// here, each copying thread drops what it just read, in parallel and
+    /// under the lock's shared side. Advice only: errors are ignored.
+    pub(crate) fn forget_pages(&self, ptr: *const u8, len: usize) {
+        let page = rustix::param::page_size();
+        let first = (ptr as usize).next_multiple_of(page);
+        let end = (ptr as usize + len) / page * page;
+        if end > first {
+            // SAFETY: whole pages inside this live mapping, which no
+            // reference points into; a concurrent or later access faults
+            // them back in from the page cache, unchanged (the mapping is
+            // shared: its pages are the file's, and no private copy is lost;
+            // dirty pages stay dirty in the file).
+            let _ = unsafe {
+                rustix::mm::madvise(
+                    first as *mut c_void,
+                    end - first,
+                    rustix::mm::Advice::LinuxDontNeed,
+                )
+            };
+        }
+    }
 }
 
 impl Drop for FileMapping {
@@ -219,34 +265,8 @@ impl GuardedMapping {
                 "the file was truncated while it was being read",
             ));
         }
-        self.forget_pages(src, len);
+        self.map().forget_pages(src, len);
         Ok(())
-    }
-
-    /// Drops our page-table entries for the whole pages of `len` bytes at
-    /// `ptr` (the page cache keeps the pages). Tearing down the entries of
-    /// a large mapping at unmap takes long (about 0.2 s for 8 GiB on the
-    /// reference machine) and holds the process's memory-map lock, which
-    /// stalls the caller's page faults and allocations meanwhile; done
-    /// here, each copying thread drops what it just read, in parallel and
-    /// under the lock's shared side. Advice only: errors are ignored.
-    fn forget_pages(&self, ptr: *const u8, len: usize) {
-        let page = rustix::param::page_size();
-        let first = (ptr as usize).next_multiple_of(page);
-        let end = (ptr as usize + len) / page * page;
-        if end > first {
-            // SAFETY: whole pages inside this live mapping, which no
-            // reference points into; a concurrent or later read of them
-            // faults them back in from the page cache, unchanged (the
-            // mapping is shared and read-only: no private copies are lost).
-            let _ = unsafe {
-                rustix::mm::madvise(
-                    first as *mut c_void,
-                    end - first,
-                    rustix::mm::Advice::LinuxDontNeed,
-                )
-            };
-        }
     }
 }
 

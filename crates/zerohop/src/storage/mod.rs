@@ -14,6 +14,7 @@ mod psync;
 mod sink;
 mod stamp;
 mod uring;
+mod write_mapping;
 
 pub use fds::{blocking, regular_file_len, reopen_direct, FilePair};
 pub(crate) use fds::{open_regular, Access};
@@ -23,6 +24,7 @@ pub use mapping::{page_cache_residency, FileMapping, GuardedMapping};
 pub use psync::PreadBackend;
 pub use sink::{sync_dir, write_mode, PwriteBackend, RemoteSink, SinkFile, WriteBackend};
 pub use uring::{UringBackend, DEFAULT_SEGMENT as DEFAULT_READ_REQUEST};
+pub use write_mapping::WriteMapping;
 
 use std::io;
 use std::sync::Arc;
@@ -49,6 +51,17 @@ where
     fn len(&self) -> u64 {
         Origin::len(self)
     }
+}
+
+/// Whether `file` lives on a memory file system (tmpfs, ramfs): its pages
+/// are the memory, so they cannot be dropped from a cache, and writes into
+/// one file wait for each other on its lock.
+pub fn in_memory(file: &std::fs::File) -> bool {
+    /// `f_type`s of memory file systems in `statfs` (linux/magic.h).
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    rustix::fs::fstatfs(file)
+        .is_ok_and(|fs| [TMPFS_MAGIC, RAMFS_MAGIC].contains(&(fs.f_type as u64)))
 }
 
 /// Alignment used for O_DIRECT offsets, lengths and buffers. 4 KiB satisfies

@@ -137,9 +137,12 @@ impl SinkFile {
     }
 
     /// Creates `path` (which must not exist) with length `len`. Bytes never
-    /// written read as zeros (the file is sparse there).
+    /// written read as zeros (the file is sparse there). Opened for reading
+    /// too, so that writers may map it (see
+    /// [`WriteMapping`](super::WriteMapping)).
     pub fn create_new(path: &Path, len: u64) -> Result<Self> {
         let buffered = OpenOptions::new()
+            .read(true)
             .write(true)
             .create_new(true)
             .open(path)

@@ -1,0 +1,472 @@
+#!/usr/bin/env python3
+"""Every operation, every shape, as users call them: one table per operation,
+zerohop beside its peers and the machine's limit, measured in one run.
+
+Each measured call is the first call of its kind in a fresh process: the
+child imports torch, makes its CUDA context (a user's process has one) and
+the tensors it saves, then times the one call from its start until the
+result is usable (loads: tensors on the device, synchronized; saves: the
+call returned). Nothing else of zerohop runs before it. The bytes are
+checked after the clock stops: every loaded tensor against the tensors the
+file was made from, every saved file read back by `safetensors` (or the
+checkpoint restored by the next child).
+
+Operations: load_file, get_slice (safe_open, then the first half of the
+rows of every tensor, as a tensor-parallel rank reads), save_file, checkpoint-save, checkpoint-load.
+Shapes (SIZE in all): one tensor; 4 tensors; 64 tensors; 3,280 FP8
+tensors of 1 - 4 units (1 - 4 MiB at 8 GiB); 4 shard files of 16 tensors.
+Peers, where installed: InstantTensor (loads, its own mode: copy=False),
+safetensors (get_slice, save_file), torch.save / torch.load (saves,
+checkpoints). Limits: pinned host-to-device copies (loads) and raw
+parallel writes of the same bytes from host memory, 16 threads into one
+file and into 16 files (saves).
+
+For each operation it prints zerohop's worst shape over its best (GB/s) and,
+on a GPU, fails (exit 1) when that is under 0.85. On host memory
+(--device cpu, as CI runs it at a small size) it checks that every
+operation and shape runs and gives back the right bytes; ratios there mean
+nothing.
+
+    python3 bench/matrix.py [--size 8GiB] [--rounds 3] [--ops load_file,...]
+                            [--dir /dev/shm] [--device cuda:0] [--ledger bench/results.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+SHAPES = ("one", "four", "sixty-four", "small-fp8", "shards")
+OPS = ("load_file", "get_slice", "save_file", "checkpoint-save", "checkpoint-load")
+TOOLS = {
+    "load_file": ("zerohop", "instanttensor"),
+    "get_slice": ("zerohop", "safetensors"),
+    "save_file": ("zerohop", "safetensors", "torch.save", "raw-1-file", "raw-16-files"),
+    "checkpoint-save": ("zerohop", "torch.save", "raw-16-files"),
+    "checkpoint-load": ("zerohop", "torch.load"),
+}
+# Raw writes are the limit a save is judged against, not a peer.
+LIMITS = ("raw-1-file", "raw-16-files", "pinned-h2d")
+WORST_OVER_BEST = 0.85
+
+
+def parse_size(text: str) -> int:
+    units = {"gib": 1 << 30, "mib": 1 << 20, "kib": 1 << 10, "g": 1 << 30, "m": 1 << 20, "k": 1 << 10}
+    t = text.strip().lower()
+    for u, mult in units.items():
+        if t.endswith(u):
+            return int(float(t[: -len(u)]) * mult)
+    return int(t)
+
+
+def layout(shape: str, size: int) -> list:
+    """The shape as files of tensors: [[(name, dtype, bytes), ...], ...]."""
+    def even(prefix: str, count: int) -> list:
+        each = size // count // 4096 * 4096
+        return [(f"{prefix}{i}", "bfloat16", each) for i in range(count)]
+
+    if shape == "one":
+        return [even("weight.", 1)]
+    if shape == "four":
+        return [even("layer.", 4)]
+    if shape == "sixty-four":
+        return [even("layer.", 64)]
+    if shape == "small-fp8":
+        count = 3280
+        unit = max(4096, size // (count * 5 // 2) // 4096 * 4096)
+        return [[(f"expert.{i}", "float8_e4m3fn", unit * (1 + i % 4)) for i in range(count)]]
+    if shape == "shards":
+        per = size // 4 // 16 // 4096 * 4096
+        return [[(f"shard{s}.layer.{i}", "bfloat16", per) for i in range(16)] for s in range(4)]
+    raise ValueError(shape)
+
+
+# --- the child: one fresh process, one timed call ---------------------------
+
+def make_tensors(torch, device: str, files: list, seed: int) -> list:
+    """The shape's tensors, from `seed`: the same bytes in every process."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for tensors in files:
+        state = {}
+        for name, dtype, n in tensors:
+            raw = torch.randint(0, 256, (n,), generator=g, device=device, dtype=torch.uint8)
+            t = raw.view(getattr(torch, dtype))
+            cols = 4096 // t.element_size() if t.numel() % (4096 // t.element_size()) == 0 else 1
+            state[name] = t.view(-1, cols)
+        out.append(state)
+    return out
+
+
+def same(torch, got, want) -> bool:
+    return got.shape == want.shape and torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def raw_write(data, target: str, files: int) -> None:
+    """`data` (host bytes) written by 16 threads into `files` files under
+    `target` (a path prefix), then fsync'd: what a writer that knows only
+    the bytes gets from the file system."""
+    threads, chunk = 16, 4 << 20
+    view = memoryview(data)
+    per_file = -(-len(view) // files)
+    fds = [os.open(f"{target}.{k}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for k in range(files)]
+
+    def work(t: int) -> None:
+        k = t % files
+        sharing = threads // files
+        base = k * per_file
+        end = min(len(view), base + per_file)
+        for at in range(base + (t // files) * chunk, end, sharing * chunk):
+            os.pwrite(fds[k], view[at:min(at + chunk, end)], at - base)
+
+    ws = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in ws:
+        w.start()
+    for w in ws:
+        w.join()
+    for fd in fds:
+        os.fsync(fd)
+        os.close(fd)
+
+
+def child(spec: dict) -> dict:
+    import torch
+
+    device, op, tool, files = spec["device"], spec["op"], spec["tool"], spec["files"]
+    if device.startswith("cuda"):
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    target = spec["target"]
+    if op == "make":
+        import safetensors.torch
+
+        for path, state in zip(spec["paths"], make_tensors(torch, device, files, spec["seed"])):
+            safetensors.torch.save_file(state, path)
+        return {}
+    if op == "pinned-h2d":
+        host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty_like(host, device=device)
+        dev.copy_(host, non_blocking=True)
+        sync()
+        best = min(timed(lambda: (dev.copy_(host, non_blocking=True), sync())) for _ in range(5))
+        return {"seconds": best, "bytes": host.numel()}
+    want = make_tensors(torch, device, files, spec["seed"])
+    flat = {k: v for state in want for k, v in state.items()}
+    nbytes = sum(t.numel() * t.element_size() for t in flat.values())
+    sync()
+    if op == "load_file":
+        seconds, got = load(torch, tool, spec["paths"], device, sync)
+        if os.environ.get("ZEROHOP_MATRIX_CORRUPT") and tool == "zerohop":
+            next(iter(got.values())).view(torch.uint8).view(-1)[0] ^= 1  # the tests' check of the check
+        # InstantTensor's tensors are views of its ring buffer, reused as it
+        # goes (its copy=False mode): their bytes cannot be checked after.
+        ok = None if tool == "instanttensor" else (
+            len(got) == len(flat) and all(same(torch, got[k], flat[k]) for k in flat))
+    elif op == "get_slice":
+        # A tensor-parallel rank's read: the first half of every tensor's rows.
+        seconds, parts = get_slices(tool, spec["paths"], device, sync)
+        ok = len(parts) == len(flat) and all(
+            same(torch, parts[k], flat[k][:max(1, flat[k].shape[0] // 2)]) for k in flat)
+        nbytes = sum(p.numel() * p.element_size() for p in parts.values())
+    elif op in ("save_file", "checkpoint-save"):
+        seconds = save(torch, op, tool, flat, target, sync)
+        ok = check_saved(torch, op, tool, flat, target)
+    elif op == "checkpoint-load":
+        seconds, got = checkpoint_load(torch, tool, target, device, sync)
+        ok = len(got) == len(flat) and all(same(torch, got[k], flat[k]) for k in flat)
+    else:
+        raise ValueError(op)
+    return {"seconds": seconds, "bytes": nbytes, "ok": ok if ok is None else bool(ok)}
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def load(torch, tool: str, paths: list, device: str, sync):
+    t = time.perf_counter()
+    if tool == "zerohop":
+        import zerohop
+
+        got = zerohop.load_file(paths, device=device)
+        sync()
+        return time.perf_counter() - t, got
+    import instanttensor
+
+    got = {}
+    with instanttensor.safe_open(paths, framework="pt", device=device, copy=False) as f:
+        for name, x in f.tensors():
+            got[name] = x.shape
+    sync()
+    return time.perf_counter() - t, got
+
+
+def get_slices(tool: str, paths: list, device: str, sync):
+    t = time.perf_counter()
+    if tool == "zerohop":
+        from zerohop import safe_open
+    else:
+        from safetensors import safe_open
+    parts = {}
+    for path in paths:
+        with safe_open(path, framework="pt", device=device) as f:
+            for name in f.keys():
+                s = f.get_slice(name)
+                parts[name] = s[:max(1, s.get_shape()[0] // 2)]
+    sync()
+    return time.perf_counter() - t, parts
+
+
+def save(torch, op: str, tool: str, flat: dict, target: str, sync) -> float:
+    if tool.startswith("raw-"):
+        blob = torch.cat([t.reshape(-1).view(torch.uint8).cpu() for t in flat.values()]).numpy()
+        blob = bytearray(blob.tobytes())  # host bytes, touched before the clock
+        return timed(lambda: raw_write(blob, target, 1 if tool == "raw-1-file" else 16))
+    if tool == "torch.save":
+        return timed(lambda: torch.save(flat, target))
+    if op == "checkpoint-save":
+        import zerohop.checkpoint
+
+        return timed(lambda: zerohop.checkpoint.save(flat, target))
+    if tool == "safetensors":
+        import safetensors.torch
+
+        return timed(lambda: safetensors.torch.save_file(flat, target))
+    import zerohop
+
+    return timed(lambda: zerohop.save_file(flat, target))
+
+
+def check_saved(torch, op: str, tool: str, flat: dict, target: str) -> bool:
+    if tool.startswith("raw-"):
+        return True  # a limit, not a format
+    if tool == "torch.save":
+        back = torch.load(target, map_location="cpu")
+    elif op == "checkpoint-save":
+        return True  # read back by the checkpoint-load child
+    else:
+        import safetensors.torch
+
+        back = safetensors.torch.load_file(target)
+    return all(same(torch, back[k], flat[k].cpu()) for k in flat)
+
+
+def checkpoint_load(torch, tool: str, target: str, device: str, sync):
+    t = time.perf_counter()
+    if tool == "zerohop":
+        import zerohop.checkpoint
+
+        got = zerohop.checkpoint.load(target, device=device)
+    else:
+        got = torch.load(target, map_location=device)
+    sync()
+    return time.perf_counter() - t, got
+
+
+# --- the parent --------------------------------------------------------------
+
+def run_child(spec: dict) -> dict:
+    # The spec on standard input: thousands of tensors do not fit in argv.
+    out = subprocess.run([sys.executable, __file__, "--child"], input=json.dumps(spec), capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def installed(tool: str) -> bool:
+    module = {"instanttensor": "instanttensor", "safetensors": "safetensors"}.get(tool)
+    if module is None:
+        return True
+    probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
+    return probe.returncode == 0
+
+
+def remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    for p in [path] + [f"{path}.{k}" for k in range(16)]:
+        if os.path.isfile(p):
+            os.remove(p)
+
+
+def measure(args, op: str, shape: str, tools: list, paths: list, seed: int) -> dict:
+    """Rounds of every tool on one shape, tools in a rotating order."""
+    files = layout(shape, args.size)
+    rows = {t: [] for t in tools}
+    for r in range(args.rounds):
+        order = tools[r % len(tools):] + tools[:r % len(tools)]
+        for tool in order:
+            target = os.path.join(args.dir, f"zerohop-matrix-{shape}-{tool}-{r}")
+            ext = {"zerohop": ".safetensors", "safetensors": ".safetensors", "torch.save": ".pt"}.get(tool, "")
+            spec = {"device": args.device, "op": op, "tool": tool, "files": files, "paths": paths,
+                    "seed": seed, "target": target + ext}
+            if op == "checkpoint-save":
+                spec["target"] = target + ext if tool != "zerohop" else target
+                got = run_child(spec)
+                # The restore, in a fresh process of its own, right after.
+                load_tool = {"zerohop": "zerohop", "torch.save": "torch.load"}.get(tool)
+                if load_tool and "error" not in got:
+                    back = run_child({**spec, "op": "checkpoint-load", "tool": load_tool})
+                    rows.setdefault(("checkpoint-load", load_tool), []).append(back)
+                    got["ok"] = got.get("ok", True) and back.get("ok", False)
+            else:
+                got = run_child(spec)
+            rows[tool].append(got)
+            remove(spec["target"])
+    return rows
+
+
+def gbps(x: dict) -> float:
+    return x["bytes"] / x["seconds"] / 1e9 if "seconds" in x and x["seconds"] > 0 else 0.0
+
+
+def summary(samples: list) -> dict:
+    good = [gbps(x) for x in samples if "error" not in x]
+    errors = [x["error"] for x in samples if "error" in x]
+    wrong = sum(1 for x in samples if x.get("ok") is False)
+    return {"best": max(good, default=0.0), "median": statistics.median(good) if good else 0.0,
+            "seconds": min((x["seconds"] for x in samples if "seconds" in x), default=None),
+            "errors": errors, "wrong": wrong, "n": len(samples)}
+
+
+def report(op: str, table: dict, limits: dict) -> tuple:
+    """Prints one operation's table; returns (worst over best, failures)."""
+    tools = [t for t in TOOLS[op] if any(t in table[s] for s in table)]
+    print(f"\n== {op} (GB/s, best / median of each tool's rounds; first call in a fresh process)")
+    head = f"{'shape':<12}" + "".join(f"{t:>22}" for t in tools)
+    if op in ("load_file", "get_slice") and "pinned-h2d" in limits:
+        head += f"{'zerohop / H2D':>15}"
+    peers = [t for t in tools if t != "zerohop" and t not in LIMITS]
+    for p in peers:
+        head += f"{'zerohop / ' + p:>24}"
+    if any(t in LIMITS for t in tools):
+        head += "".join(f"{'zerohop / ' + t:>26}" for t in tools if t in LIMITS)
+    print(head)
+    failures, best_of = [], {}
+    for shape, cols in table.items():
+        line = f"{shape:<12}"
+        s = {t: summary(cols[t]) for t in tools if t in cols}
+        for t in tools:
+            if t not in s:
+                line += f"{'-':>22}"
+                continue
+            x = s[t]
+            mark = " WRONG" if x["wrong"] else (" ERR" if x["errors"] else "")
+            line += f"{x['best']:>12.2f} / {x['median']:<6.2f}{mark:>2}"
+            if x["wrong"]:
+                failures.append(f"{op} {shape} {t}: bytes differ")
+            if x["errors"]:
+                failures.append(f"{op} {shape} {t}: {x['errors'][0]}")
+        z = s.get("zerohop", {}).get("best", 0.0)
+        best_of[shape] = z
+        if op in ("load_file", "get_slice") and "pinned-h2d" in limits:
+            line += f"{z / limits['pinned-h2d']:>15.2f}"
+        for p in peers:
+            line += f"{(z / s[p]['best']) if p in s and s[p]['best'] else float('nan'):>24.2f}"
+        for t in tools:
+            if t in LIMITS:
+                line += f"{(z / s[t]['best']) if t in s and s[t]['best'] else float('nan'):>26.2f}"
+        print(line)
+    rated = [v for v in best_of.values() if v > 0]
+    ratio = min(rated) / max(rated) if rated else 0.0
+    worst = min(best_of, key=best_of.get) if rated else "-"
+    print(f"zerohop's worst shape ({worst}) over its best: {ratio:.2f} (target >= {WORST_OVER_BEST})")
+    return ratio, failures
+
+
+def ledger_line(args, figure: str, value: float, command: str) -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": args.commit or commit or "unknown",
+            "machine": args.machine, "command": command, "figure": figure, "value": round(value, 4)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="8GiB", help="bytes of every shape (8GiB; CI: 64MiB)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ops", default=",".join(OPS[:-1]), help=f"of {','.join(OPS[:-1])} (checkpoint-save "
+                    "includes checkpoint-load)")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--dir", default="/dev/shm", help="where files are made and saved (a tmpfs: hot)")
+    ap.add_argument("--device", default="cuda:0", help="cuda:N, or cpu (host memory; what CI runs)")
+    ap.add_argument("--ledger", help="append every figure to this results ledger (JSON lines)")
+    ap.add_argument("--machine", default=os.uname().nodename)
+    ap.add_argument("--commit", help="the commit measured (default: git's HEAD)")
+    ap.add_argument("--json-out")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(json.load(sys.stdin))))
+        return
+    args.size = parse_size(args.size)
+    ops = [o for o in args.ops.split(",") if o]
+    shapes = [s for s in args.shapes.split(",") if s]
+    for o in ops:
+        if o not in OPS[:-1]:
+            raise SystemExit(f"unknown operation {o!r}: one of {', '.join(OPS[:-1])}")
+    on_gpu = args.device.startswith("cuda")
+    limits = {}
+    if on_gpu and {"load_file", "get_slice"} & set(ops):
+        h2d = run_child({"device": args.device, "op": "pinned-h2d", "tool": "-", "files": [], "target": ""})
+        if "error" not in h2d:
+            limits["pinned-h2d"] = gbps(h2d)
+            print(f"pinned host-to-device copies: {limits['pinned-h2d']:.2f} GB/s")
+    results, failures, lines = {}, [], []
+    command = "python3 bench/matrix.py " + " ".join(sys.argv[1:])
+    for seed, shape in enumerate(shapes, start=1):
+        files = layout(shape, args.size)
+        paths = [os.path.join(args.dir, f"zerohop-matrix-{shape}-{k}.safetensors") for k in range(len(files))]
+        made = run_child({"device": args.device, "op": "make", "tool": "-", "files": files, "paths": paths,
+                          "seed": seed, "target": ""})
+        if "error" in made:
+            raise SystemExit(f"cannot make the {shape} files: {made['error']}")
+        for op in ops:
+            tools = [t for t in TOOLS[op] if installed(t) and (on_gpu or t != "instanttensor")]
+            rows = measure(args, op, shape, tools, paths, seed)
+            for key, samples in rows.items():
+                o, t = key if isinstance(key, tuple) else (op, key)
+                results.setdefault(o, {}).setdefault(shape, {})[t] = samples
+        for p in paths:
+            remove(p)
+    verdicts = {}
+    for op in [o for o in OPS if o in results]:
+        ratio, bad = report(op, results[op], limits)
+        verdicts[op] = ratio
+        failures += bad
+        for shape, cols in results[op].items():
+            for tool, samples in cols.items():
+                s = summary(samples)
+                if s["best"]:
+                    lines.append(ledger_line(args, f"{op} {shape} {tool} GB/s (best of {s['n']})", s["best"], command))
+                    lines.append(ledger_line(args, f"{op} {shape} {tool} GB/s (median of {s['n']})", s["median"],
+                                             command))
+        lines.append(ledger_line(args, f"{op} zerohop worst shape / best shape", ratio, command))
+    if args.ledger and on_gpu:
+        with open(args.ledger, "a") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"size": args.size, "limits": limits, "results": results, "ledger": lines}, f)
+    low = [op for op, r in verdicts.items() if r < WORST_OVER_BEST]
+    if failures:
+        print("\nFAILED: " + "; ".join(failures))
+        sys.exit(1)
+    if on_gpu and low:
+        print(f"\nFAILED: worst shape under {WORST_OVER_BEST} x the best for: {', '.join(low)}")
+        sys.exit(1)
+    print(f"\nmatrix: {len(results)} operations x {len(shapes)} shapes ran; every byte checked")
+
+
+if __name__ == "__main__":
+    main()

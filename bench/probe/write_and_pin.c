@@ -1,0 +1,266 @@
+// What one large file costs to write, and what pinned staging costs to
+// allocate, on the machine it runs on: the two costs behind a save of one
+// large buffer and behind a first load's setup.
+//
+// Writes (8 GiB to DIR on a memory file system, 4 GiB to DISK):
+//   pwrite from 1 thread into one file; from 16 threads into one file;
+//   from 16 threads into 16 files (the raw parallel write); 16 threads
+//   copying into a shared mapping of one file, with and without
+//   MADV_POPULATE_WRITE first; O_DIRECT from 16 threads into one disk file,
+//   sized with ftruncate or with fallocate, and into 16 disk files.
+// Pinning: cuMemHostAlloc of 32 x 4 MiB from one thread, of 2 x 4 MiB from
+// each of 16 threads at once, of one 128 MiB block; cuMemHostRegister of
+// memory already touched.
+//
+//   gcc -O2 -pthread -o write_and_pin bench/probe/write_and_pin.c -ldl
+//   ./write_and_pin /dev/shm /var/tmp [GIB]
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNK (4UL << 20)
+#define THREADS 16
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+// One source buffer per thread (2 chunks), filled with bytes that differ.
+static uint8_t *src[THREADS];
+
+enum mode { W_PWRITE, W_MAP_POPULATE, W_MAP_FAULT, W_DIRECT };
+
+struct job {
+    int files;
+    int fds[THREADS];
+    uint8_t *maps[THREADS];
+    uint64_t bytes;  // per file
+    int threads;
+    enum mode mode;
+    int id;
+};
+
+// Thread `id` writes file id % files, sharing it with the other threads of
+// that file chunk by chunk (chunk k to the (k % sharing)-th of them).
+static void *writer(void *arg) {
+    struct job *j = arg;
+    int f = j->id % j->files, sharing = j->threads / j->files, mine = j->id / j->files;
+    int fd = j->fds[f];
+    uint8_t *map = j->maps[f];
+    uint64_t chunks = j->bytes / CHUNK;
+    for (uint64_t k = mine; k < chunks; k += sharing) {
+        uint8_t *from = src[j->id] + (k & 1) * CHUNK;
+        off_t at = k * CHUNK;
+        if (j->mode == W_PWRITE || j->mode == W_DIRECT) {
+            if (pwrite(fd, from, CHUNK, at) != (ssize_t)CHUNK) die("pwrite");
+        } else {
+            if (j->mode == W_MAP_POPULATE && madvise(map + at, CHUNK, MADV_POPULATE_WRITE)) die("madvise");
+            memcpy(map + at, from, CHUNK);
+        }
+    }
+    return NULL;
+}
+
+static void run(const char *label, const char *dir, uint64_t bytes, int threads, int files,
+                enum mode mode, int prealloc) {
+    struct job jobs[THREADS];
+    pthread_t tids[THREADS];
+    char path[512];
+    int fds[THREADS];
+    uint8_t *maps[THREADS] = {0};
+    int flags = O_RDWR | O_CREAT | O_TRUNC | (mode == W_DIRECT ? O_DIRECT : 0);
+    double t0 = now();
+    for (int f = 0; f < files; f++) {
+        snprintf(path, sizeof path, "%s/zerohop-probe-%d-%d", dir, getpid(), f);
+        fds[f] = open(path, flags, 0600);
+        if (fds[f] < 0) die(path);
+        unlink(path);
+        if (prealloc ? fallocate(fds[f], 0, 0, bytes) : ftruncate(fds[f], bytes)) die("size");
+        if (mode == W_MAP_POPULATE || mode == W_MAP_FAULT) {
+            maps[f] = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fds[f], 0);
+            if (maps[f] == MAP_FAILED) die("mmap");
+        }
+    }
+    double t1 = now();
+    for (int i = 0; i < threads; i++) {
+        jobs[i] = (struct job){.files = files, .bytes = bytes, .threads = threads, .mode = mode, .id = i};
+        memcpy(jobs[i].fds, fds, sizeof fds);
+        memcpy(jobs[i].maps, maps, sizeof maps);
+        pthread_create(&tids[i], NULL, writer, &jobs[i]);
+    }
+    for (int i = 0; i < threads; i++) pthread_join(tids[i], NULL);
+    double t2 = now();
+    for (int f = 0; f < files; f++)
+        if (fdatasync(fds[f])) die("fdatasync");
+    double t3 = now();
+    uint64_t total = bytes * (uint64_t)files;
+    printf("%-44s %6.2f GB/s  (%.3f s: size %.3f, write %.3f, sync %.3f)\n", label,
+           total / (t3 - t0) / 1e9, t3 - t0, t1 - t0, t2 - t1, t3 - t2);
+    fflush(stdout);
+    for (int f = 0; f < files; f++) {
+        if (maps[f]) munmap(maps[f], bytes);
+        close(fds[f]);
+    }
+}
+
+// --- pinning, through the driver API loaded at run time ---
+typedef int (*fn_init)(unsigned);
+typedef int (*fn_dev)(int *, int);
+typedef int (*fn_retain)(void **, int);
+typedef int (*fn_set)(void *);
+typedef int (*fn_halloc)(void **, size_t, unsigned);
+typedef int (*fn_hfree)(void *);
+typedef int (*fn_hreg)(void *, size_t, unsigned);
+typedef int (*fn_hunreg)(void *);
+static fn_set cu_set;
+static fn_halloc cu_halloc;
+static fn_hfree cu_hfree;
+static fn_hreg cu_hreg;
+static fn_hunreg cu_hunreg;
+static void *ctx;
+
+// How a slot is pinned: the driver's allocation, or an anonymous mapping
+// registered (untouched, populated first, or populated as huge pages).
+enum pin_way { P_ALLOC, P_REGISTER, P_POPULATE_REGISTER, P_HUGE_POPULATE_REGISTER };
+
+struct pin_job {
+    int count;
+    size_t len;
+    enum pin_way way;
+    void *out[64];
+};
+
+static void *pinner(void *arg) {
+    struct pin_job *p = arg;
+    cu_set(ctx);
+    for (int i = 0; i < p->count; i++) {
+        if (p->way == P_ALLOC) {
+            if (cu_halloc(&p->out[i], p->len, 0)) die("cuMemHostAlloc");
+            continue;
+        }
+        uint8_t *m = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) die("mmap");
+        if (p->way == P_HUGE_POPULATE_REGISTER) madvise(m, p->len, MADV_HUGEPAGE);
+        if (p->way != P_REGISTER && madvise(m, p->len, MADV_POPULATE_WRITE)) die("populate");
+        if (cu_hreg(m, p->len, 1 /* portable */)) die("cuMemHostRegister");
+        p->out[i] = m;
+    }
+    return NULL;
+}
+
+static void unpin(struct pin_job *p) {
+    for (int k = 0; k < p->count; k++) {
+        if (p->way == P_ALLOC) {
+            cu_hfree(p->out[k]);
+        } else {
+            cu_hunreg(p->out[k]);
+            munmap(p->out[k], p->len);
+        }
+    }
+}
+
+static void pin(const char *label, int threads, int per_thread, size_t len, enum pin_way way) {
+    struct pin_job jobs[THREADS];
+    pthread_t tids[THREADS];
+    double t0 = now();
+    for (int i = 0; i < threads; i++) {
+        jobs[i] = (struct pin_job){.count = per_thread, .len = len, .way = way};
+        pthread_create(&tids[i], NULL, pinner, &jobs[i]);
+    }
+    for (int i = 0; i < threads; i++) pthread_join(tids[i], NULL);
+    double t1 = now();
+    printf("%-44s %7.1f ms  (%d MiB)\n", label, (t1 - t0) * 1e3,
+           (int)(threads * per_thread * len >> 20));
+    fflush(stdout);
+    for (int i = 0; i < threads; i++) unpin(&jobs[i]);
+}
+
+static int pinning(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib) {
+        printf("pinning: skipped (no libcuda.so.1)\n");
+        return 0;
+    }
+    fn_init init = (fn_init)dlsym(lib, "cuInit");
+    fn_dev dev = (fn_dev)dlsym(lib, "cuDeviceGet");
+    fn_retain retain = (fn_retain)dlsym(lib, "cuDevicePrimaryCtxRetain");
+    cu_set = (fn_set)dlsym(lib, "cuCtxSetCurrent");
+    cu_halloc = (fn_halloc)dlsym(lib, "cuMemHostAlloc");
+    cu_hfree = (fn_hfree)dlsym(lib, "cuMemFreeHost");
+    cu_hreg = (fn_hreg)dlsym(lib, "cuMemHostRegister_v2");
+    cu_hunreg = (fn_hunreg)dlsym(lib, "cuMemHostUnregister");
+    int d;
+    double t0 = now();
+    if (init(0) || dev(&d, 0) || retain(&ctx, d) || cu_set(ctx)) die("CUDA context");
+    printf("%-44s %7.1f ms\n", "context (no other user of the GPU)", (now() - t0) * 1e3);
+    for (int round = 0; round < 2; round++) {
+        printf("-- pinning, round %d\n", round);
+        static const char *ways[] = {"cuMemHostAlloc", "register", "populate+register",
+                                     "huge+populate+register"};
+        for (int w = 0; w < 4; w++) {
+            char label[128];
+            snprintf(label, sizeof label, "%s 32 x 4 MiB, 1 thread", ways[w]);
+            pin(label, 1, 32, CHUNK, w);
+            snprintf(label, sizeof label, "%s 2 x 4 MiB each, 16 threads", ways[w]);
+            pin(label, 16, 2, CHUNK, w);
+            snprintf(label, sizeof label, "%s 1 x 4 MiB, 1 thread", ways[w]);
+            pin(label, 1, 1, CHUNK, w);
+        }
+        size_t len = 128UL << 20;
+        uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        memset(mem, 1, len);
+        double a = now();
+        if (cu_hreg(mem, len, 0)) die("cuMemHostRegister");
+        printf("%-44s %7.1f ms\n", "cuMemHostRegister 128 MiB, touched", (now() - a) * 1e3);
+        cu_hunreg(mem);
+        munmap(mem, len);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s MEMORY_DIR DISK_DIR\n", argv[0]);
+        return 2;
+    }
+    for (int i = 0; i < THREADS; i++) {
+        if (posix_memalign((void **)&src[i], 4096, 2 * CHUNK)) die("alloc");
+        for (size_t k = 0; k < 2 * CHUNK; k++) src[i][k] = (uint8_t)(k * 131 + i * 7 + (k >> 12));
+    }
+    pinning();
+    // A third argument shrinks both sizes (GiB in memory; disk gets half).
+    uint64_t mem = (argc > 3 ? strtoull(argv[3], NULL, 10) : 8) << 30, disk = mem / 2;
+    printf("-- writes into %s (%lu GiB)\n", argv[1], (unsigned long)(mem >> 30));
+    for (int round = 0; round < 2; round++) {
+        run("pwrite, 1 thread, 1 file", argv[1], mem, 1, 1, W_PWRITE, 0);
+        run("pwrite, 16 threads, 1 file", argv[1], mem, 16, 1, W_PWRITE, 0);
+        run("pwrite, 16 threads, 16 files (raw parallel)", argv[1], mem / 16, 16, 16, W_PWRITE, 0);
+        run("mapping + populate, 16 threads, 1 file", argv[1], mem, 16, 1, W_MAP_POPULATE, 0);
+        run("mapping, faults, 16 threads, 1 file", argv[1], mem, 16, 1, W_MAP_FAULT, 0);
+        run("pwrite, 16 threads, 4 files", argv[1], mem / 4, 16, 4, W_PWRITE, 0);
+        run("mapping + populate, 16 threads, 4 files", argv[1], mem / 4, 16, 4, W_MAP_POPULATE, 0);
+        run("mapping + populate, 16 threads, 16 files", argv[1], mem / 16, 16, 16, W_MAP_POPULATE, 0);
+    }
+    printf("-- O_DIRECT writes into %s (%lu GiB)\n", argv[2], (unsigned long)(disk >> 30));
+    run("O_DIRECT, 16 threads, 1 file, ftruncate", argv[2], disk, 16, 1, W_DIRECT, 0);
+    run("O_DIRECT, 16 threads, 1 file, fallocate", argv[2], disk, 16, 1, W_DIRECT, 1);
+    run("O_DIRECT, 16 threads, 16 files", argv[2], disk / 16, 16, 16, W_DIRECT, 1);
+    run("O_DIRECT, 16 threads, 1 file, ftruncate", argv[2], disk, 16, 1, W_DIRECT, 0);
+    run("O_DIRECT, 16 threads, 1 file, fallocate", argv[2], disk, 16, 1, W_DIRECT, 1);
+    return 0;
+}
