@@ -363,7 +363,7 @@ def summary(samples: list) -> dict:
 
 def report(op: str, table: dict, limits: dict) -> tuple:
     """Prints one operation's table; returns (worst over best, failures)."""
-    tools = [t for t in TOOLS[op] if any(t in table[s] for s in table)]
+    tools = [t for t in TOOLS[op] if any(table[s].get(t) for s in table)]
     print(f"\n== {op} (GB/s, best / median of each tool's rounds; first call in a fresh process)")
     head = f"{'shape':<12}" + "".join(f"{t:>22}" for t in tools)
     if op in ("load_file", "get_slice") and "pinned-h2d" in limits:
@@ -377,7 +377,7 @@ def report(op: str, table: dict, limits: dict) -> tuple:
     failures, best_of = [], {}
     for shape, cols in table.items():
         line = f"{shape:<12}"
-        s = {t: summary(cols[t]) for t in tools if t in cols}
+        s = {t: summary(cols[t]) for t in tools if cols.get(t)}
         for t in tools:
             if t not in s:
                 line += f"{'-':>22}"
@@ -412,6 +412,14 @@ def ledger_line(args, figure: str, value: float, command: str) -> dict:
             "machine": args.machine, "command": command, "figure": figure, "value": round(value, 4)}
 
 
+def write_ledger(args, lines: list, on_gpu: bool) -> None:
+    """Appends figures to the ledger: measured on a GPU only (host memory
+    runs check bytes, not speed)."""
+    if args.ledger and on_gpu and lines:
+        with open(args.ledger, "a") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="8GiB", help="bytes of every shape (8GiB; CI: 64MiB)")
@@ -438,6 +446,8 @@ def main() -> None:
     for o in ops:
         if o not in OPS[:-1]:
             raise SystemExit(f"unknown operation {o!r}: one of {', '.join(OPS[:-1])}")
+    results, failures, lines = {}, [], []
+    command = "python3 bench/matrix.py " + " ".join(sys.argv[1:])
     on_gpu = args.device.startswith("cuda")
     limits = {}
     if on_gpu and {"load_file", "get_slice"} & set(ops):
@@ -445,8 +455,8 @@ def main() -> None:
         if "error" not in h2d:
             limits["pinned-h2d"] = gbps(h2d)
             print(f"pinned host-to-device copies: {limits['pinned-h2d']:.2f} GB/s")
-    results, failures, lines = {}, [], []
-    command = "python3 bench/matrix.py " + " ".join(sys.argv[1:])
+            lines.append(ledger_line(args, "pinned host-to-device copies GB/s (best of 5)", limits["pinned-h2d"],
+                                     command))
     for seed, shape in enumerate(shapes, start=1):
         files = layout(shape, args.size)
         paths = [os.path.join(args.dir, f"zerohop-matrix-{shape}-{k}.safetensors") for k in range(len(files))]
@@ -463,27 +473,27 @@ def main() -> None:
             for key, samples in rows.items():
                 o, t = key if isinstance(key, tuple) else (op, key)
                 results.setdefault(o, {}).setdefault(shape, {})[t] = samples
+                s = summary(samples)
+                if s["best"]:
+                    lines.append(ledger_line(args, f"{o} {shape} {t} GB/s (best of {s['n']})", s["best"], command))
+                    lines.append(ledger_line(args, f"{o} {shape} {t} GB/s (median of {s['n']})", s["median"],
+                                             command))
         for p in paths:
             remove(p)
+        # Each shape's figures in the ledger as soon as it is done: a run
+        # cut short keeps what it measured.
+        write_ledger(args, lines, on_gpu)
+        lines = []
     verdicts = {}
     for op in [o for o in OPS if o in results]:
         ratio, bad = report(op, results[op], limits)
         verdicts[op] = ratio
         failures += bad
-        for shape, cols in results[op].items():
-            for tool, samples in cols.items():
-                s = summary(samples)
-                if s["best"]:
-                    lines.append(ledger_line(args, f"{op} {shape} {tool} GB/s (best of {s['n']})", s["best"], command))
-                    lines.append(ledger_line(args, f"{op} {shape} {tool} GB/s (median of {s['n']})", s["median"],
-                                             command))
         lines.append(ledger_line(args, f"{op} zerohop worst shape / best shape", ratio, command))
-    if args.ledger and on_gpu:
-        with open(args.ledger, "a") as f:
-            f.writelines(json.dumps(line) + "\n" for line in lines)
+    write_ledger(args, lines, on_gpu)
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"size": args.size, "limits": limits, "results": results, "ledger": lines}, f)
+            json.dump({"size": args.size, "limits": limits, "results": results}, f)
     low = [op for op, r in verdicts.items() if r < WORST_OVER_BEST]
     if failures:
         print("\nFAILED: " + "; ".join(failures))

@@ -336,8 +336,9 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
         matrix)
             # Every operation x every shape, first calls in fresh processes,
             # zerohop beside its peers (bench/matrix.py); ZEROHOP_MATRIX_ARGS
-            # picks operations, size and rounds. Figures go to the ledger
-            # ($OUT/results.jsonl, appended here to bench/results.jsonl).
+            # picks operations, size and rounds. Figures go to
+            # $OUT/results.jsonl, in the ledger's form: append its lines to
+            # bench/results.jsonl.
             warm_memory; install_wheels
             # shellcheck disable=SC2086 # ZEROHOP_MATRIX_ARGS is a list of options
             PYTHONUNBUFFERED=1 python3 bench/matrix.py --machine "h200 $(uname -r)" --commit "$(cat .stage/commit)" \

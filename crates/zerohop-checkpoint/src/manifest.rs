@@ -188,10 +188,12 @@ impl Manifest {
     /// The entry holding absolute `offset` of file `file`, and the offset
     /// inside it: how a bad chunk is named.
     pub fn locate(&self, file: usize, offset: u64) -> Option<(&Entry, u64)> {
-        self.entries
-            .iter()
-            .find(|e| e.file == file && e.offset <= offset && offset < e.offset + e.bytes)
-            .map(|e| (e, offset - e.offset))
+        self.entries.iter().find_map(|e| {
+            e.placement()
+                .into_iter()
+                .find(|(p, _)| p.file == file && p.offset <= offset && offset < p.offset + p.bytes)
+                .map(|(p, at)| (e, at + offset - p.offset))
+        })
     }
 
     /// Names the chunk at `offset` of `file` for error messages.
@@ -472,6 +474,10 @@ mod tests {
         let placement = back.entries[0].placement();
         assert_eq!(placement[1].0.file, 1);
         assert_eq!(placement[1].1, 8192);
+        // A byte of the second piece is named by its place in the entry.
+        let (entry, at) = back.locate(1, 4096 + 100).unwrap();
+        assert_eq!((entry.name.as_str(), at), ("slab", 8192 + 100));
+        assert!(back.describe_chunk(1, 4096 + 100).contains("at byte 8292"));
     }
 
     #[test]

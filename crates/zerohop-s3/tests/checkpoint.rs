@@ -89,12 +89,16 @@ fn assert_holds(e: &Engine, at: &Location, data: &[Vec<u8>]) {
 /// from the parent, so this reads the objects themselves).
 fn assert_objects_whole(at: &Location, m: &Manifest, data: &[Vec<u8>]) {
     for (entry, d) in m.entries.iter().zip(data) {
-        let file = at
-            .store
-            .open_data(&at.name, &m.files[entry.file].name)
-            .unwrap();
         let mut got = vec![0u8; d.len()];
-        file.read_exact_at(&mut got, entry.offset).unwrap();
+        // A large entry may be split over several objects.
+        for (piece, from) in entry.placement() {
+            let file = at
+                .store
+                .open_data(&at.name, &m.files[piece.file].name)
+                .unwrap();
+            let into = &mut got[from as usize..(from + piece.bytes) as usize];
+            file.read_exact_at(into, piece.offset).unwrap();
+        }
         assert!(got == *d, "{at}: object bytes of {} differ", entry.name);
     }
 }

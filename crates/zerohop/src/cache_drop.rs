@@ -32,7 +32,7 @@ pub fn drop_from_page_cache(path: &Path) -> std::io::Result<(CacheDrop, f64)> {
     };
     Ok((
         how,
-        crate::storage::page_cache_residency(&f, stamp.len).unwrap_or(0.0),
+        crate::storage::page_cache_residency(&f, stamp.len, &[(0, stamp.len)]).unwrap_or(0.0),
     ))
 }
 

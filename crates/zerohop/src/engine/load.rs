@@ -47,9 +47,15 @@ impl Engine {
         plan.check_files(files.len())?;
         plan.check_disjoint_destinations()?;
         wait_for_buffer_streams(self.device.as_ref(), plan.buffers())?;
+        // Each file's ranges to read: a small read asks about its own pages.
+        let mut ranges: Vec<Vec<(u64, u64)>> = vec![Vec::new(); files.len()];
+        for e in plan.extents() {
+            ranges[e.file].push((e.file_offset, e.len));
+        }
         let routes: Vec<FileRoute> = files
             .iter()
-            .map(|f| match self.route_for(f) {
+            .zip(&ranges)
+            .map(|(f, ranges)| match self.route_for(f, ranges) {
                 r @ FileRoute::Fixed(Route::Staged(_)) => r,
                 // A check reads the bytes in staging, which page-cache DMA
                 // bypasses: hot files are copied out of their mapping. That

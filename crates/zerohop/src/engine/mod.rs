@@ -199,17 +199,29 @@ impl Engine {
         &self,
         pieces: Vec<(&SourceFile, u64, &mut [u8])>,
     ) -> Result<TransferStats> {
-        // Whether a file is cached is asked once per file, not per piece.
+        // Whether a file's pieces are cached is asked once per file, of the
+        // pieces only.
+        let mut ranges: std::collections::HashMap<*const SourceFile, Vec<(u64, u64)>> =
+            std::collections::HashMap::new();
+        for (file, offset, dst) in &pieces {
+            ranges
+                .entry(std::ptr::from_ref(*file))
+                .or_default()
+                .push((*offset, dst.len() as u64));
+        }
         let mut direct = std::collections::HashMap::new();
         let reads = pieces
             .into_iter()
-            .map(|(file, offset, dst)| HostRead {
-                file,
-                offset,
-                dst,
-                direct: *direct
-                    .entry(std::ptr::from_ref(file))
-                    .or_insert_with(|| self.reads_direct(|| self.is_hot(file))),
+            .map(|(file, offset, dst)| {
+                let key = std::ptr::from_ref(file);
+                HostRead {
+                    file,
+                    offset,
+                    dst,
+                    direct: *direct
+                        .entry(key)
+                        .or_insert_with(|| self.reads_direct(|| self.is_hot(file, &ranges[&key]))),
+                }
             })
             .collect();
         crate::host_read::read_to_host(self.backend.as_ref(), self.config.io_threads, reads)

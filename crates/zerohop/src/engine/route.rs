@@ -46,15 +46,16 @@ pub(super) const NO_DMA_NOTE: &str = "page-cache DMA needs a device that copies 
      (the same CPU copy, out of the file's mapping)";
 
 impl Engine {
-    /// The route for a file: for files in the page cache, per `hot_route`
-    /// (`MeasuredHot` where it is to be measured); else staged reads,
-    /// O_DIRECT per `direct_io`. Page-cache DMA is forced on every file.
-    /// Remote objects are always read into staging slots.
-    pub(super) fn route_for(&self, f: &SourceFile) -> FileRoute {
+    /// The route for a file whose `ranges` (byte offset, length) are to be
+    /// read: for ranges in the page cache, per `hot_route` (`MeasuredHot`
+    /// where it is to be measured); else staged reads, O_DIRECT per
+    /// `direct_io`. Page-cache DMA is forced on every file. Remote objects
+    /// are always read into staging slots.
+    pub(super) fn route_for(&self, f: &SourceFile, ranges: &[(u64, u64)]) -> FileRoute {
         if f.local_fds().is_none() {
             return FileRoute::Fixed(STAGED);
         }
-        let hot = self.is_hot(f);
+        let hot = self.is_hot(f, ranges);
         match self.config.hot_route {
             HotRoute::PageCacheDma if self.dma_copies => {
                 return FileRoute::Fixed(Route::PageCacheDma)
@@ -73,9 +74,10 @@ impl Engine {
         }))
     }
 
-    /// Whether most of `f` is in the page cache (per `hot_threshold`).
-    pub(super) fn is_hot(&self, f: &SourceFile) -> bool {
-        f.resident_fraction() >= self.config.hot_threshold
+    /// Whether most of `ranges` of `f` is in the page cache (per
+    /// `hot_threshold`).
+    pub(super) fn is_hot(&self, f: &SourceFile, ranges: &[(u64, u64)]) -> bool {
+        f.resident_fraction(ranges) >= self.config.hot_threshold
     }
 
     /// Whether a file is read with O_DIRECT per `direct_io`; `hot` (whether

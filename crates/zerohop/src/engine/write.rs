@@ -64,7 +64,10 @@ impl Engine {
         }
         let job = WriteJob {
             files,
-            maps: write_mappings(files, threads),
+            maps: match self.writer.allows_mapped_writes() {
+                true => write_mappings(files, threads),
+                false => files.iter().map(|_| None).collect(),
+            },
             writer: self.writer.as_ref(),
             windows,
             filter,

@@ -202,11 +202,13 @@ impl SourceFile {
         })
     }
 
-    /// Fraction of the file's pages resident in the page cache (0.0 to 1.0;
-    /// 0.0 for a remote object).
-    pub fn resident_fraction(&self) -> f64 {
+    /// Fraction of the pages of `ranges` (byte offset, length) resident in
+    /// the page cache (0.0 to 1.0; 1.0 where they hold no page; 0.0 for a
+    /// remote object).
+    pub fn resident_fraction(&self, ranges: &[(u64, u64)]) -> f64 {
         self.local_fds().map_or(0.0, |fds| {
-            super::page_cache_residency(fds.fd_for(IoMode::Buffered), fds.len()).unwrap_or(0.0)
+            let fd = fds.fd_for(IoMode::Buffered);
+            super::page_cache_residency(fd, fds.len(), ranges).unwrap_or(0.0)
         })
     }
 }

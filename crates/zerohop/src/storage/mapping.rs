@@ -83,37 +83,80 @@ impl FileMapping {
         (unsafe { self.ptr.cast::<u8>().add(start) }, len)
     }
 
-    /// Fraction of the mapped pages resident in the page cache. A large
-    /// mapping is sampled ([`RESIDENCY_SAMPLES`] evenly spaced runs of
-    /// pages): asking for every page of a large model costs milliseconds on
-    /// every load, and the answer only picks a route.
-    pub fn resident_fraction(&self) -> io::Result<f64> {
+    /// Fraction of the pages of `ranges` (byte offset and length, clamped
+    /// to the mapping) resident in the page cache; 1.0 where they hold
+    /// none. Many pages are sampled ([`RESIDENCY_SAMPLES`] evenly spaced
+    /// runs of pages over the ranges): asking for every page of a large
+    /// model costs milliseconds on every load, and the answer only picks a
+    /// route. A small read asks about its own pages only, not the file's.
+    pub fn resident_fraction_of(&self, ranges: &[(u64, u64)]) -> io::Result<f64> {
         let page = rustix::param::page_size();
-        let pages = self.len.div_ceil(page);
+        let intervals = page_intervals(ranges, page as u64, self.len.div_ceil(page));
+        let pages: usize = intervals.iter().map(|(a, b)| b - a).sum();
+        if pages == 0 {
+            return Ok(1.0);
+        }
         let run = RESIDENCY_RUN_PAGES.min(pages);
         let runs = RESIDENCY_SAMPLES.min(pages / run);
         let stride = pages / runs;
         let mut resident = vec![0u8; run];
-        let mut hits = 0;
+        let (mut hits, mut asked) = (0, 0);
+        let (mut interval, mut before) = (0, 0); // pages of the intervals passed
         for k in 0..runs {
-            let first = k * stride;
+            // The k-th sample, as a page of the intervals laid end to end.
+            let at = k * stride;
+            while at >= before + intervals[interval].1 - intervals[interval].0 {
+                before += intervals[interval].1 - intervals[interval].0;
+                interval += 1;
+            }
+            let (start, end) = intervals[interval];
+            let first = start + at - before;
+            let n = run.min(end - first);
             // rustix does not wrap mincore.
-            // SAFETY: `first + run <= pages`, inside this live mapping, and
-            // `resident` holds one byte per page asked, all mincore writes.
+            // SAFETY: `first + n <= end <=` the mapped pages, inside this
+            // live mapping, and `resident` holds at least one byte per page
+            // asked, all mincore writes.
             let rc = unsafe {
                 libc::mincore(
                     self.ptr.cast::<u8>().add(first * page).cast(),
-                    run * page,
+                    n * page,
                     resident.as_mut_ptr(),
                 )
             };
             if rc != 0 {
                 return Err(io::Error::last_os_error());
             }
-            hits += resident.iter().filter(|&&b| b & 1 == 1).count();
+            hits += resident[..n].iter().filter(|&&b| b & 1 == 1).count();
+            asked += n;
         }
-        Ok(hits as f64 / (runs * run) as f64)
+        Ok(hits as f64 / asked as f64)
     }
+}
+
+/// The pages `ranges` (byte offset, length) touch, below `pages`: sorted,
+/// disjoint `[first, end)` page intervals, adjacent ones merged.
+fn page_intervals(ranges: &[(u64, u64)], page: u64, pages: usize) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = ranges
+        .iter()
+        .filter(|&&(_, len)| len > 0)
+        .map(|&(at, len)| {
+            let first = usize::try_from(at / page).unwrap_or(usize::MAX).min(pages);
+            let end = usize::try_from(at.saturating_add(len).div_ceil(page))
+                .unwrap_or(usize::MAX)
+                .min(pages);
+            (first, end)
+        })
+        .filter(|(first, end)| first < end)
+        .collect();
+    out.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(out.len());
+    for (first, end) in out {
+        match merged.last_mut() {
+            Some(last) if first <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((first, end)),
+        }
+    }
+    merged
 }
 
 /// Runs of pages a residency check samples, and pages per run. Each run
@@ -294,19 +337,33 @@ impl Drop for GuardedMapping {
     }
 }
 
-/// Fraction of the first `len` bytes of `file` resident in the page cache
-/// (1.0 for an empty file).
-pub fn page_cache_residency(file: &File, len: u64) -> io::Result<f64> {
+/// Fraction of the pages of `ranges` (byte offset, length) of `file`, a
+/// file of `len` bytes, resident in the page cache (1.0 where they hold
+/// none).
+pub fn page_cache_residency(file: &File, len: u64, ranges: &[(u64, u64)]) -> io::Result<f64> {
     if len == 0 {
         return Ok(1.0);
     }
-    FileMapping::new(file, len)?.resident_fraction()
+    FileMapping::new(file, len)?.resident_fraction_of(ranges)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::test_support::{resident_kib, smaps_field};
+
+    #[test]
+    fn ranges_become_merged_page_intervals() {
+        let ranges = [
+            (8192, 1),
+            (0, 4097),
+            (4096, 10),
+            (40_000, 0),
+            (50_000, 1 << 40),
+        ];
+        assert_eq!(page_intervals(&ranges, 4096, 20), vec![(0, 3), (12, 20)]);
+        assert!(page_intervals(&[(1 << 20, 5)], 4096, 20).is_empty());
+    }
     use std::io::Write;
 
     /// Sampling sees a file half dropped from the page cache as about half
@@ -319,8 +376,9 @@ mod tests {
         f.sync_all().unwrap();
         let f = File::open(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(page_cache_residency(&f, 64 << 20).unwrap(), 1.0);
-        assert_eq!(page_cache_residency(&f, 5000).unwrap(), 1.0);
+        let whole = [(0, 64 << 20)];
+        assert_eq!(page_cache_residency(&f, 64 << 20, &whole).unwrap(), 1.0);
+        assert_eq!(page_cache_residency(&f, 5000, &[(0, 5000)]).unwrap(), 1.0);
         rustix::fs::fadvise(
             &f,
             32 << 20,
@@ -328,12 +386,22 @@ mod tests {
             rustix::fs::Advice::DontNeed,
         )
         .unwrap();
-        let fraction = page_cache_residency(&f, 64 << 20).unwrap();
+        let fraction = page_cache_residency(&f, 64 << 20, &whole).unwrap();
         if fraction == 1.0 {
             eprintln!("skipped: this file system keeps dropped pages (tmpfs?)");
             return;
         }
         assert!((0.45..=0.55).contains(&fraction), "{fraction}");
+        // Ranges are asked about alone: the first half, the second, a few
+        // pages of each, and scattered small pieces of both.
+        let ask = |ranges: &[(u64, u64)]| page_cache_residency(&f, 64 << 20, ranges).unwrap();
+        assert_eq!(ask(&[(0, 32 << 20)]), 1.0);
+        assert_eq!(ask(&[(32 << 20, 32 << 20)]), 0.0);
+        assert_eq!(ask(&[(100, 5000)]), 1.0);
+        assert_eq!(ask(&[((48 << 20) + 7, 3)]), 0.0);
+        let scattered: Vec<(u64, u64)> = (0..64).map(|i| (i << 20, 4096)).collect();
+        assert_eq!(ask(&scattered), 0.5);
+        assert_eq!(ask(&[]), 1.0);
     }
 
     /// Copies out of a guarded mapping deliver the file's bytes, also

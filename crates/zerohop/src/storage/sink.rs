@@ -231,6 +231,13 @@ pub trait WriteBackend: Send + Sync {
     fn write_at(&self, file: &FilePair, mode: IoMode, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes the file's data and size durable (`fsync`).
     fn sync(&self, file: &FilePair) -> io::Result<()>;
+    /// Whether a file of a memory file system that several workers write
+    /// at once may be written through a mapping of it instead of this
+    /// backend (see [`WriteMapping`](super::WriteMapping)). No by default:
+    /// a backend that injects faults or counts writes sees every write.
+    fn allows_mapped_writes(&self) -> bool {
+        false
+    }
 }
 
 /// Blocking `pwrite` from each worker thread.
@@ -248,6 +255,10 @@ impl WriteBackend for PwriteBackend {
 
     fn sync(&self, file: &FilePair) -> io::Result<()> {
         file.fd_for(IoMode::Buffered).sync_all()
+    }
+
+    fn allows_mapped_writes(&self) -> bool {
+        true
     }
 }
 
