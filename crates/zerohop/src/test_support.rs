@@ -1,5 +1,24 @@
 //! Helpers for this crate's unit tests.
 
+/// A new file of `len` bytes (sparse), open for reading and writing, its
+/// name already removed from the temporary directory: gone when dropped.
+pub(crate) fn unlinked_file(tag: &str, len: u64) -> std::fs::File {
+    let path = std::env::temp_dir().join(format!(
+        "zerohop-{tag}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    f.set_len(len).unwrap();
+    f
+}
+
 /// `Rss` of the mapping that holds address `at`, from /proc/self/smaps:
 /// how much of it is in this process's page tables (the kernel may have
 /// merged the mapping with a neighbour of the same kind).

@@ -220,7 +220,7 @@ mod tests {
     #[test]
     fn a_truncated_mapping_reads_zeros_and_is_reported() {
         let page = rustix::param::page_size();
-        let mut file = tempfile_in_tmp();
+        let mut file = crate::test_support::unlinked_file("bus-guard", 0);
         file.write_all(&vec![7u8; 4 * page]).unwrap();
         let map = crate::storage::FileMapping::new(&file, 4 * page as u64).unwrap();
         let (ptr, len) = map.range(0, 4 * page as u64);
@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn other_bus_errors_still_kill() {
         let page = rustix::param::page_size();
-        let mut file = tempfile_in_tmp();
+        let mut file = crate::test_support::unlinked_file("bus-guard", 0);
         file.write_all(&vec![7u8; 2 * page]).unwrap();
         let map = crate::storage::FileMapping::new(&file, 2 * page as u64).unwrap();
         let (ptr, _) = map.range(0, 2 * page as u64);
@@ -267,22 +267,5 @@ mod tests {
             libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
             "child status {status:#x}"
         );
-    }
-
-    fn tempfile_in_tmp() -> std::fs::File {
-        let path = std::env::temp_dir().join(format!(
-            "zerohop-bus-guard-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        f
     }
 }

@@ -350,7 +350,7 @@ pub fn page_cache_residency(file: &File, len: u64, ranges: &[(u64, u64)]) -> io:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{resident_kib, smaps_field};
+    use crate::test_support::{resident_kib, smaps_field, unlinked_file};
 
     #[test]
     fn ranges_become_merged_page_intervals() {
@@ -438,16 +438,8 @@ mod tests {
     /// of it stays mapped (`mincore` refuses unmapped addresses).
     #[test]
     fn unmapping_in_pieces_unmaps_everything() {
-        let path = std::env::temp_dir().join(format!("zerohop-unmap-{}", std::process::id()));
         let len = 2 * UNMAP_PIECE as u64 + 3 * 4096 + 5;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .unwrap();
-        f.set_len(len).unwrap(); // sparse: nothing is written
-        std::fs::remove_file(&path).unwrap();
+        let f = unlinked_file("unmap", len); // sparse: nothing is written
         let map = FileMapping::new(&f, len).unwrap();
         let base = map.ptr as usize;
         let page = rustix::param::page_size();

@@ -94,27 +94,15 @@ fn unwritable() -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::unlinked_file;
     use std::os::unix::fs::FileExt;
-
-    fn scratch_file(name: &str, len: u64) -> File {
-        let path = std::env::temp_dir().join(format!("zerohop-{name}-{}", std::process::id()));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        f.set_len(len).unwrap();
-        f
-    }
 
     /// Writes from several threads, at unaligned offsets too, land where
     /// they were meant to, and what none wrote stays zeros.
     #[test]
     fn parallel_writes_land_in_the_file() {
         let len = (3 << 20) + 123;
-        let f = scratch_file("write-mapping", len);
+        let f = unlinked_file("write-mapping", len);
         let map = WriteMapping::new(&f, len).unwrap();
         let pieces: Vec<(u64, Vec<u8>)> = (0..6u64)
             .map(|k| {
@@ -144,7 +132,7 @@ mod tests {
     #[test]
     fn writes_past_the_end_or_into_a_truncated_file_fail() {
         let page = rustix::param::page_size() as u64;
-        let f = scratch_file("write-mapping-truncated", 4 * page);
+        let f = unlinked_file("write-mapping-truncated", 4 * page);
         let map = WriteMapping::new(&f, 4 * page).unwrap();
         let err = map
             .write_at(3 * page, &vec![1; 2 * page as usize])
