@@ -68,55 +68,60 @@ pub(crate) fn read_to_host(
     let count = chunks.len();
     let queue = Mutex::new(chunks.into_iter());
     let totals = Mutex::new((0u64, 0u64, 0u64)); // direct, buffered, remote
-    std::thread::scope(|s| -> Result<()> {
-        let workers: Vec<_> = (0..threads.clamp(1, count.max(1)))
-            .map(|_| {
-                s.spawn(|| -> Result<()> {
-                    let mut reader = backend.reader().map_err(|e| {
-                        Error::with_source(ErrorKind::Io, "cannot start a reader", e)
-                    })?;
-                    loop {
-                        let next = queue.lock().unwrap().next();
-                        let Some((file, direct, at, buf)) = next else {
-                            return Ok(());
-                        };
-                        let mode = if direct && file.direct_capable() && aligned(at, buf) {
-                            IoMode::Direct
-                        } else {
-                            IoMode::Buffered
-                        };
-                        let got = file
-                            .read_block(reader.as_mut(), mode, at, buf)
-                            .map_err(|e| {
-                                Error::io(file.path(), &format!("read at offset {at} failed in"), e)
-                            })?;
-                        if got < buf.len() {
-                            // Say how the file changed, where it did.
-                            file.check_unchanged()?;
-                            return Err(Error::new(
-                                ErrorKind::Io,
-                                format!(
-                                    "{}: file ended at byte {} (truncated while reading?)",
-                                    file.path().display(),
-                                    at + got as u64
-                                ),
-                            ));
-                        }
-                        let mut t = totals.lock().unwrap();
-                        match mode {
-                            _ if file.local_fds().is_none() => t.2 += got as u64,
-                            IoMode::Direct => t.0 += got as u64,
-                            IoMode::Buffered => t.1 += got as u64,
-                        }
-                    }
-                })
-            })
-            .collect();
-        workers.into_iter().try_for_each(|w| {
-            w.join()
-                .unwrap_or_else(|_| Err(Error::invalid("a reader panicked")))
-        })
-    })?;
+    let read = || -> Result<()> {
+        let mut reader = backend
+            .reader()
+            .map_err(|e| Error::with_source(ErrorKind::Io, "cannot start a reader", e))?;
+        loop {
+            let next = queue.lock().unwrap().next();
+            let Some((file, direct, at, buf)) = next else {
+                return Ok(());
+            };
+            let mode = if direct && file.direct_capable() && aligned(at, buf) {
+                IoMode::Direct
+            } else {
+                IoMode::Buffered
+            };
+            let got = file
+                .read_block(reader.as_mut(), mode, at, buf)
+                .map_err(|e| {
+                    Error::io(file.path(), &format!("read at offset {at} failed in"), e)
+                })?;
+            if got < buf.len() {
+                // Say how the file changed, where it did.
+                file.check_unchanged()?;
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "{}: file ended at byte {} (truncated while reading?)",
+                        file.path().display(),
+                        at + got as u64
+                    ),
+                ));
+            }
+            let mut t = totals.lock().unwrap();
+            match mode {
+                _ if file.local_fds().is_none() => t.2 += got as u64,
+                IoMode::Direct => t.0 += got as u64,
+                IoMode::Buffered => t.1 += got as u64,
+            }
+        }
+    };
+    let readers = threads.clamp(1, count.max(1));
+    let panicked = || Err(Error::invalid("a reader panicked"));
+    if readers == 1 {
+        // One reader reads on the calling thread: a thread of its own would
+        // cost a small read more than the read (a `get_slice` of a few rows).
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(read))
+            .unwrap_or_else(|_| panicked())?;
+    } else {
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..readers).map(|_| s.spawn(read)).collect();
+            workers
+                .into_iter()
+                .try_for_each(|w| w.join().unwrap_or_else(|_| panicked()))
+        })?;
+    }
     // A file rewritten or grown meanwhile gave mixed bytes: say so.
     files.values().try_for_each(|f| f.check_unchanged())?;
     let (direct_bytes, buffered_bytes, remote_bytes) = totals.into_inner().unwrap();
@@ -127,7 +132,7 @@ pub(crate) fn read_to_host(
         direct_bytes,
         buffered_bytes,
         remote_bytes,
-        io_threads: threads.clamp(1, count.max(1)),
+        io_threads: readers,
         files: file_count,
         windows: count,
         ..Default::default()

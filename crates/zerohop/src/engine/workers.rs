@@ -60,14 +60,23 @@ impl QueuePool {
     }
 }
 
-/// Runs `work` once per worker, each on its own thread. The first error
+/// Runs `work` once per worker, each on its own thread (a sole worker on
+/// the calling thread: a thread of its own would cost a small transfer, a
+/// `get_slice` of a few rows, more than its copies). The first error
 /// raises `abort` (which `work` polls between items) and is returned once
 /// every worker has stopped; otherwise every worker's result.
 pub(super) fn run_workers<W: Send, T: Send>(
-    workers: Vec<W>,
+    mut workers: Vec<W>,
     abort: &AtomicBool,
     work: impl Fn(W) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
+    if workers.len() == 1 {
+        let w = workers.pop().expect("one worker");
+        return match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(w))) {
+            Ok(r) => r.map(|t| vec![t]),
+            Err(_) => Err(Error::new(ErrorKind::Device, "an I/O worker panicked")),
+        };
+    }
     let first_error: Mutex<Option<Error>> = Mutex::new(None);
     let mut results = Vec::with_capacity(workers.len());
     std::thread::scope(|scope| {
