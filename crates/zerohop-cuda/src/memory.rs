@@ -158,11 +158,15 @@ impl PinnedBuffer {
         // to fault in and pin: 128 MiB in 27 - 33 ms instead of 45 - 62),
         // made present before they are registered, in one system call.
         // Both are advice: a kernel without them (before 5.14 for the
-        // second) leaves the driver to fault in small pages itself.
+        // second) leaves the driver to fault in small pages itself. Not
+        // inherited by a forked child, as the driver's own allocations are
+        // not: the kernel would otherwise copy every pinned page into each
+        // child at the fork (a subprocess, a data loader's worker).
         // SAFETY: advice on the mapping just made, which nothing else uses.
         unsafe {
             libc::madvise(ptr, mapped, libc::MADV_HUGEPAGE);
             libc::madvise(ptr, mapped, libc::MADV_POPULATE_WRITE);
+            libc::madvise(ptr, mapped, libc::MADV_DONTFORK);
         }
         // SAFETY: the range is mapped until `Drop` unregisters it first.
         let registered = check(
