@@ -34,6 +34,7 @@ nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -305,13 +306,12 @@ def show(op: str, shape: str, tool: str, r: int, got: dict) -> None:
     print(f"  {op} {shape} {tool} round {r}: {gbps(got):.2f} GB/s ({got['seconds']:.3f} s), {ok}", flush=True)
 
 
-def installed(tool: str, _known: dict = {}) -> bool:  # noqa: B006 (a cache)
+@functools.lru_cache(maxsize=None)
+def installed(tool: str) -> bool:
     module = {"instanttensor": "instanttensor", "safetensors": "safetensors"}.get(tool)
     if module is None:
         return True
-    if module not in _known:
-        _known[module] = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
-    return _known[module]
+    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
 
 
 def remove(path: str) -> None:

@@ -222,6 +222,31 @@ impl Manifest {
         )
     }
 
+    /// A split entry: two pieces or more, none empty, the first where the
+    /// entry says, together its size; and only in a version-2 manifest.
+    fn check_pieces(&self, e: &Entry) -> Result<()> {
+        if e.pieces.is_empty() {
+            return Ok(());
+        }
+        let first = e.pieces[0];
+        let total = e
+            .pieces
+            .iter()
+            .try_fold(0u64, |sum, p| sum.checked_add(p.bytes));
+        if self.version < 2
+            || e.pieces.len() < 2
+            || e.pieces.iter().any(|p| p.bytes == 0)
+            || (first.file, first.offset) != (e.file, e.offset)
+            || total != Some(e.bytes)
+        {
+            return Err(Error::format(format!(
+                "manifest: the pieces of entry {:?} do not make it up",
+                e.name
+            )));
+        }
+        Ok(())
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::format(format!("manifest: {what}")));
         if self.format != FORMAT || !(1..=VERSION).contains(&self.version) {
@@ -337,33 +362,6 @@ impl Manifest {
                     f.name, f.bytes
                 ));
             }
-        }
-        Ok(())
-    }
-}
-
-impl Manifest {
-    /// A split entry: two pieces or more, none empty, the first where the
-    /// entry says, together its size; and only in a version-2 manifest.
-    fn check_pieces(&self, e: &Entry) -> Result<()> {
-        if e.pieces.is_empty() {
-            return Ok(());
-        }
-        let first = e.pieces[0];
-        let total = e
-            .pieces
-            .iter()
-            .try_fold(0u64, |sum, p| sum.checked_add(p.bytes));
-        if self.version < 2
-            || e.pieces.len() < 2
-            || e.pieces.iter().any(|p| p.bytes == 0)
-            || (first.file, first.offset) != (e.file, e.offset)
-            || total != Some(e.bytes)
-        {
-            return Err(Error::format(format!(
-                "manifest: the pieces of entry {:?} do not make it up",
-                e.name
-            )));
         }
         Ok(())
     }

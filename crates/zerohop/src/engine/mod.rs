@@ -210,18 +210,19 @@ impl Engine {
                 .push((*offset, dst.len() as u64));
         }
         let mut direct = std::collections::HashMap::new();
+        for (file, _, _) in &pieces {
+            let key = std::ptr::from_ref(*file);
+            direct
+                .entry(key)
+                .or_insert_with(|| self.reads_direct(|| self.is_hot(file, &ranges[&key])));
+        }
         let reads = pieces
             .into_iter()
-            .map(|(file, offset, dst)| {
-                let key = std::ptr::from_ref(file);
-                HostRead {
-                    file,
-                    offset,
-                    dst,
-                    direct: *direct
-                        .entry(key)
-                        .or_insert_with(|| self.reads_direct(|| self.is_hot(file, &ranges[&key]))),
-                }
+            .map(|(file, offset, dst)| HostRead {
+                direct: direct[&std::ptr::from_ref(file)],
+                file,
+                offset,
+                dst,
             })
             .collect();
         crate::host_read::read_to_host(self.backend.as_ref(), self.config.io_threads, reads)
