@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where the wall time of one `zerohop.load_file(FILE, device="cuda:0")` goes
-as bench/peers.py times it: in a fresh process each, after a tiny warm-up
-load and an emptied torch cache. The real load_file runs with timestamps
+as a user meets it: the first call in a fresh process (torch's CUDA context
+and `import zerohop` before the clock; `--warm` adds the tiny untimed
+warm-up load that bench/peers.py does). The real load_file runs with timestamps
 taken around its allocation, its engine call (on the reader thread) and
 its views, next to variants that change one thing:
 
@@ -30,7 +31,7 @@ import time
 VARIANTS = ("load_file", "views-after", "one-alloc")
 
 
-def child(path: str, variant: str) -> dict:
+def child(path: str, variant: str, warm: bool) -> dict:
     import torch
 
     torch.zeros(1, device="cuda:0")
@@ -38,12 +39,13 @@ def child(path: str, variant: str) -> dict:
     import zerohop
     from zerohop import _buffers, _native, _safetensors
 
-    with tempfile.TemporaryDirectory() as d:
-        tiny = os.path.join(d, "tiny.safetensors")
-        zerohop.save_file({"x": torch.zeros(1 << 20)}, tiny)
-        zerohop.load_file(tiny, device="cuda:0")
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    if warm:
+        with tempfile.TemporaryDirectory() as d:
+            tiny = os.path.join(d, "tiny.safetensors")
+            zerohop.save_file({"x": torch.zeros(1 << 20)}, tiny)
+            zerohop.load_file(tiny, device="cuda:0")
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
     marks: dict = {}
     stats: dict = {}
@@ -112,8 +114,11 @@ def child(path: str, variant: str) -> dict:
         "ms": rel,
         "reader": marks.get("read_thread"),
         "engine_ms": stats.get("seconds", 0) * 1e3,
-        "engine_setup_ms": stats.get("setup_seconds", 0) * 1e3,
+        "route_setup_ms": stats.get("setup_seconds", 0) * 1e3,
+        "engine_setup_ms": stats.get("engine_setup_seconds", 0) * 1e3,
         "worker_start_ms": stats.get("profile", {}).get("start_seconds", 0) * 1e3,
+        "staging_ms": stats.get("profile", {}).get("staging_seconds", 0) * 1e3,
+        "notes": stats.get("notes", []),
         "engine_gbps": stats.get("gbps"),
     }
 
@@ -130,7 +135,7 @@ def report(rows: list[dict]) -> None:
             got = [r["ms"][k] for r in mine if k in r["ms"]]
             if got:
                 print(f"    {k:12s} at {statistics.median(got):7.2f} ms (median; min {min(got):.2f})")
-        for k in ("engine_ms", "engine_setup_ms", "worker_start_ms"):
+        for k in ("engine_ms", "route_setup_ms", "engine_setup_ms", "worker_start_ms", "staging_ms"):
             print(f"    {k:16s} {statistics.median(r[k] for r in mine):7.2f} ms (median)")
 
 
@@ -138,22 +143,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("file")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--warm", action="store_true", help="an untimed tiny load first, as bench/peers.py does")
     ap.add_argument("--child", choices=VARIANTS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.file, args.child)))
+        print(json.dumps(child(args.file, args.child, args.warm)))
         return
     rows = []
     for run in range(args.runs):
         for variant in VARIANTS[run % len(VARIANTS):] + VARIANTS[: run % len(VARIANTS)]:
-            out = subprocess.run([sys.executable, __file__, args.file, "--child", variant],
+            out = subprocess.run([sys.executable, __file__, args.file, "--child", variant]
+                                 + (["--warm"] if args.warm else []),
                                  capture_output=True, text=True, timeout=300)
             if out.returncode != 0:
                 print(f"{variant}: failed: {out.stderr.strip()[-500:]}")
                 continue
             row = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"run {run} {variant:10s} {row['gbps']:6.2f} GB/s  engine {row['engine_ms']:.1f} ms"
-                  f" ({row['engine_gbps']:.2f} GB/s)  " + " ".join(f"{k}={v:.1f}" for k, v in row["ms"].items()),
+                  f" ({row['engine_gbps']:.2f} GB/s) engine setup {row['engine_setup_ms']:.1f} ms,"
+                  f" route setup {row['route_setup_ms']:.1f} ms, staging {row['staging_ms']:.1f} ms  "
+                  + " ".join(f"{k}={v:.1f}" for k, v in row["ms"].items()) + f"  notes {row['notes']}",
                   flush=True)
             rows.append(row)
     report(rows)
