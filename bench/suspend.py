@@ -83,12 +83,11 @@ def child(mode: str, size_gib: int, tensor_mib: int, disk_dir: str, mlp: bool) -
     else:
         tensors = make()
     torch.cuda.synchronize()
+    graph = captured(torch, tensors[-5:]) if mlp else None
     stop = threading.Event()
     stepper = threading.Thread(target=quiet_points, args=(torch, stop))
-    if mode == "preload":
+    if mode == "preload":  # after the capture, which a synchronize would break
         stepper.start()
-
-    graph = captured(torch, tensors[-5:]) if mlp else None
 
     def digest() -> list:
         out = [int(t.view(torch.int64).sum()) for t in tensors]

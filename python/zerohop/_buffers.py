@@ -318,8 +318,9 @@ def allocate(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], de
     """Memory for a tensor or array of each (dtype, shape, bytes) of
     `specs`, in order, as `empty` makes them. Torch tensors in GPU memory
     share blocks of up to `BLOCK_BYTES` (disjoint views of one allocation
-    each); everything else is allocated alone."""
-    if not shares_blocks(framework, device):
+    each); everything else, and a tensor asked for alone, is allocated
+    alone."""
+    if len(specs) == 1 or not shares_blocks(framework, device):
         alone = [empty(framework, dtype, shape, device) for dtype, shape, _ in specs]
         return Allocation([address(t) for t in alone], [None] * len(specs), alone, lambda: alone)
     torch = _torch()

@@ -42,7 +42,7 @@ _OVERLAP_MIN = 64
 
 
 def _load(
-    paths: Sequence[str],
+    sources: Any,
     wanted: Iterable[_Tensor],
     device: str,
     framework: str,
@@ -50,7 +50,7 @@ def _load(
 ) -> Dict[str, Any]:
     """Allocates the wanted tensors through their framework (in GPU memory,
     small ones share blocks: see `_buffers.allocate`), then fills them all
-    in one engine call."""
+    in one engine call from `sources` (paths, or a `_native.Sources`)."""
     wanted = list(wanted)
     memory = _buffers.allocate(framework, [(t.dtype, t.shape, t.end - t.begin) for t in wanted], device)
     pieces: List[List[int]] = []
@@ -66,7 +66,7 @@ def _load(
         else:
             pieces.append([t.file, t.begin, n, addr])
         last_block = block
-    args = (device, list(paths), [tuple(p) for p in pieces], _buffers.current_stream(device), progress)
+    args = (device, sources, [tuple(p) for p in pieces], _buffers.current_stream(device), progress)
     if not pieces:
         tensors = memory.tensors()
     elif len(wanted) < _OVERLAP_MIN:
@@ -126,7 +126,7 @@ def load_file(
         paths = _native.expand_names(paths)
     device = _buffers.device_name(device)
     _, tensors = _headers(paths)
-    return _load(paths, tensors.values(), device, framework, progress)
+    return _load(list(paths), tensors.values(), device, framework, progress)
 
 
 def _is_object(path: str) -> bool:
@@ -159,6 +159,8 @@ class safe_open:
         self._device = _buffers.device_name(device)
         self._metadata, self._tensors = _headers([self._path])
         self._stamp = _stamp(self._path)
+        # Opened (and mapped) once for all the reads to come.
+        self._sources = _native.Sources([self._path])
 
     def __enter__(self) -> "safe_open":
         return self
@@ -189,7 +191,7 @@ class safe_open:
     def get_tensor(self, name: str) -> Any:
         """Reads this one tensor."""
         self._check_unchanged()
-        return _load([self._path], [self._info(name)], self._device, self._framework, False)[name]
+        return _load(self._sources, [self._info(name)], self._device, self._framework, False)[name]
 
     def get_slice(self, name: str) -> "TensorSlice":
         """A handle that reads only the rows an index asks for."""
@@ -235,7 +237,7 @@ class TensorSlice:
             self._info.begin + stop * row_bytes,
         )
         self._file._check_unchanged()
-        part = _load([self._file._path], [rows], self._file._device, self._file._framework, False)[rows.name]
+        part = _load(self._file._sources, [rows], self._file._device, self._file._framework, False)[rows.name]
         # The rows read, then the rest of the index on the dimensions after.
         # A part of them comes back as a fresh copy, as safetensors returns
         # it, so the bytes read but not kept are freed.

@@ -47,6 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(suspend::heap_resume, m)?)?;
     m.add_function(wrap_pyfunction!(suspend::serve_suspend, m)?)?;
     m.add_function(wrap_pyfunction!(suspend::suspend_socket_path, m)?)?;
+    m.add_class::<transfers::Sources>()?;
     m.add_class::<suspend::SuspendServer>()?;
     m.add_class::<agent::AgentClient>()?;
     m.add_class::<agent::AgentHostBuffer>()?;

@@ -68,14 +68,40 @@ pub fn object_stamp(py: Python<'_>, url: String) -> PyResult<(u64, String)> {
     Ok((info.len, info.etag))
 }
 
+/// Files or objects opened once for many reads (`safe_open` keeps one):
+/// each read skips opening them again, and a file is mapped once.
+#[pyclass(frozen)]
+pub struct Sources {
+    files: Vec<SourceFile>,
+}
+
+#[pymethods]
+impl Sources {
+    #[new]
+    fn new(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Self> {
+        let files = py
+            .detach(|| zerohop_s3::open_sources(&paths))
+            .map_err(to_py)?;
+        Ok(Sources { files })
+    }
+}
+
+/// What `read` reads from: files it opens, or ones opened before.
+#[derive(FromPyObject)]
+pub enum SourcesArg<'py> {
+    Opened(Bound<'py, Sources>),
+    Paths(Vec<PathBuf>),
+}
+
 /// Reads `pieces`, each (file index, file offset, bytes, address), from
-/// `paths` into memory of `device`. Returns the transfer's stats as JSON.
+/// `sources` (paths, or `Sources`) into memory of `device`. Returns the
+/// transfer's stats as JSON.
 #[pyfunction]
-#[pyo3(signature = (device, paths, pieces, stream=None, progress=None))]
+#[pyo3(signature = (device, sources, pieces, stream=None, progress=None))]
 pub fn read(
     py: Python<'_>,
     device: &str,
-    paths: Vec<PathBuf>,
+    sources: SourcesArg<'_>,
     pieces: Vec<(usize, u64, u64, u64)>,
     stream: Option<u64>,
     progress: Option<Bound<'_, PyAny>>,
@@ -84,13 +110,24 @@ pub fn read(
     let engine = py.detach(|| engine(place))?;
     let total = pieces.iter().map(|p| p.2).sum();
     let reporter = Reporter::new(progress.as_ref(), "loading", total)?;
+    let (opened, paths) = match &sources {
+        SourcesArg::Opened(s) => (Some(s.get()), None),
+        SourcesArg::Paths(p) => (None, Some(p)),
+    };
     let stats = py.detach(|| {
-        let files = zerohop_s3::open_sources(&paths)?;
+        let fresh;
+        let files: &[SourceFile] = match (opened, paths) {
+            (Some(s), _) => &s.files,
+            (None, paths) => {
+                fresh = zerohop_s3::open_sources(paths.map_or(&[][..], Vec::as_slice))?;
+                &fresh
+            }
+        };
         if let Some(p) = pieces.iter().find(|p| p.0 >= files.len()) {
             return Err(Error::invalid(format!("file index {} out of range", p.0)));
         }
         if place == Place::Host {
-            return reporter.with(|progress| read_to_host(&engine, &files, &pieces, progress));
+            return reporter.with(|progress| read_to_host(&engine, files, &pieces, progress));
         }
         let mut plan = TransferPlan::new();
         // A plan holds addresses only; the buffers (on the simulated
@@ -100,10 +137,10 @@ pub fn read(
             // SAFETY: the Python half passes live buffers of `device` that
             // it keeps alive for this call.
             let buf = unsafe { engine.device().borrow(addr, len as usize, stream) }?;
-            plan.add(&files, file, offset, len, &buf, 0)?;
+            plan.add(files, file, offset, len, &buf, 0)?;
             targets.push(buf);
         }
-        reporter.with(|progress| engine.transfer(&files, &plan, progress))
+        reporter.with(|progress| engine.transfer(files, &plan, progress))
     });
     finish(reporter, stats)
 }

@@ -13,16 +13,17 @@
 
 use super::route::{Route, STAGED};
 use crate::plan::Extent;
-use crate::storage::{GuardedMapping, IoMode, SourceFile};
+use crate::storage::{GuardedMapping, SourceFile};
 
-/// Maps every file whose route reads a mapping (mapped copies, page-cache
-/// DMA) and that `extents` read. A file that cannot be mapped takes the
-/// staged route instead, and a note says so.
-pub(super) fn map_files(
-    files: &[SourceFile],
+/// The mapping of every file whose route reads one (mapped copies,
+/// page-cache DMA) and that `extents` read (made once per file, see
+/// [`SourceFile::mapping`]). A file that cannot be mapped takes the staged
+/// route instead, and a note says so.
+pub(super) fn map_files<'f>(
+    files: &'f [SourceFile],
     extents: &[Extent],
     routes: &mut [Route],
-) -> (Vec<Option<GuardedMapping>>, Vec<String>) {
+) -> (Vec<Option<&'f GuardedMapping>>, Vec<String>) {
     let mut used = vec![false; files.len()];
     for e in extents {
         used[e.file] = true;
@@ -36,15 +37,14 @@ pub(super) fn map_files(
             if !r.maps_file() || f.is_empty() || !used {
                 return None;
             }
-            let Some(fds) = f.local_fds() else {
-                // A remote object has no mapping.
+            if f.remote().is_some() {
                 *r = STAGED;
                 return None;
-            };
-            GuardedMapping::new(fds.fd_for(IoMode::Buffered), f.len())
-                .map_err(|e| {
+            }
+            f.mapping()
+                .map_err(|why| {
                     notes.push(format!(
-                        "{}: cannot map the file ({e}); read into staging slots instead",
+                        "{}: cannot map the file ({why}); read into staging slots instead",
                         f.path().display()
                     ));
                     *r = STAGED;

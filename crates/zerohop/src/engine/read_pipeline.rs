@@ -62,7 +62,7 @@ pub(super) struct Job<'a> {
     pub files: &'a [SourceFile],
     /// Read-only mappings of the files that take the mapped-copy or the
     /// page-cache DMA route.
-    pub maps: &'a [Option<GuardedMapping>],
+    pub maps: &'a [Option<&'a GuardedMapping>],
     pub items: Vec<WorkItem>,
     /// What a worker takes at a time: ranges of `items` (see
     /// [`super::claims::claims`]).

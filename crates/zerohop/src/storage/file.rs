@@ -1,12 +1,13 @@
 use super::fds::{blocking, open_regular, Access};
 use super::origin::Origin;
 use super::stamp::FileStamp;
-use super::{BlockReader, FilePair};
+use super::{BlockReader, FilePair, GuardedMapping};
 use crate::{Error, ErrorKind, Result};
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// How a file's bytes are read or written: through the page cache or with
 /// O_DIRECT (a storage mode that both staged routes and saves use).
@@ -95,6 +96,10 @@ pub struct SourceFile {
     /// change reports how. `None` for a remote object (its reads check its
     /// ETag).
     opened: Option<FileStamp>,
+    /// A local file's read-only mapping, made by the first transfer that
+    /// copies out of it and kept for the next: a file opened once and read
+    /// many times (`safe_open`) is mapped once. Or why it could not be.
+    mapping: OnceLock<std::result::Result<GuardedMapping, String>>,
 }
 
 impl std::ops::Deref for SourceFile {
@@ -139,6 +144,7 @@ impl SourceFile {
                 object,
             },
             opened: None,
+            mapping: OnceLock::new(),
         }
     }
 
@@ -146,7 +152,23 @@ impl SourceFile {
         SourceFile {
             origin: Origin::Local(FilePair::new(label, buffered, direct, opened.len)),
             opened: Some(opened),
+            mapping: OnceLock::new(),
         }
+    }
+
+    /// The file's read-only mapping (kept: see the field), or why there
+    /// is none: a remote object, an empty file, a file that cannot be
+    /// mapped.
+    pub fn mapping(&self) -> std::result::Result<&GuardedMapping, &str> {
+        let made = self.mapping.get_or_init(|| match &self.origin {
+            Origin::Local(fds) if !self.is_empty() => {
+                GuardedMapping::new(fds.fd_for(IoMode::Buffered), self.len())
+                    .map_err(|e| e.to_string())
+            }
+            Origin::Local(_) => Err("the file is empty".into()),
+            Origin::Remote { .. } => Err("a remote object has no mapping".into()),
+        });
+        made.as_ref().map_err(String::as_str)
     }
 
     /// Fills `buf` from `offset`, stopping early only at the end: a local
@@ -206,6 +228,10 @@ impl SourceFile {
     /// the page cache (0.0 to 1.0; 1.0 where they hold no page; 0.0 for a
     /// remote object).
     pub fn resident_fraction(&self, ranges: &[(u64, u64)]) -> f64 {
+        // The kept mapping where there is one: no mapping made to ask.
+        if let Some(Ok(map)) = self.mapping.get() {
+            return map.resident_fraction_of(ranges).unwrap_or(0.0);
+        }
         self.local_fds().map_or(0.0, |fds| {
             let fd = fds.fd_for(IoMode::Buffered);
             super::page_cache_residency(fd, fds.len(), ranges).unwrap_or(0.0)
@@ -216,7 +242,27 @@ impl SourceFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::MemoryObject;
+    use crate::test_support::{unlinked_file, MemoryObject};
+
+    #[test]
+    fn a_file_is_mapped_once_for_all_its_reads_and_an_empty_one_not_at_all() {
+        let f = unlinked_file("mapped-once", 3 << 20);
+        f.write_all_at(b"zerohop", 1 << 20).unwrap();
+        let label = Path::new("mapped-once");
+        let source = SourceFile::from_descriptors(f, None, label).unwrap();
+        let first = source.mapping().unwrap();
+        let mut got = [0u8; 7];
+        first.copy_to(1 << 20, &mut got).unwrap();
+        assert_eq!(&got, b"zerohop");
+        let again = source.mapping().unwrap();
+        assert!(std::ptr::eq(first, again), "mapped a second time");
+        assert_eq!(first.range(0, 1).0, again.range(0, 1).0);
+
+        let empty = SourceFile::from_descriptors(unlinked_file("mapped-empty", 0), None, label);
+        assert_eq!(empty.unwrap().mapping().unwrap_err(), "the file is empty");
+        let remote = SourceFile::remote("s3://b/k", 3, Box::new(MemoryObject(vec![1, 2, 3])));
+        assert!(remote.mapping().is_err());
+    }
 
     #[test]
     fn a_remote_stream_fills_windows_in_order_skipping_gaps() {

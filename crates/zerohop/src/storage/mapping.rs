@@ -282,6 +282,11 @@ impl GuardedMapping {
         self.map().range(start, len)
     }
 
+    /// As [`FileMapping::resident_fraction_of`].
+    pub fn resident_fraction_of(&self, ranges: &[(u64, u64)]) -> io::Result<f64> {
+        self.map().resident_fraction_of(ranges)
+    }
+
     /// Copies `dst.len()` bytes from `offset` of the mapped file into `dst`.
     /// Fails, saying so, if any of them was gone: the file was truncated
     /// while mapped (the bytes in `dst` are then not the file's).
