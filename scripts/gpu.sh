@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build here, run on the accelerator machine: the one script every session
-# uses for GPU tests and benchmarks.
+# Build here, run on the accelerator machine: the one script for GPU
+# tests and benchmarks.
 #
 #   scripts/gpu.sh stage            # here: release binary + test binaries -> .stage/
 #   scripts/gpu.sh garage           # here, once: Garage for peers-s3 (see there)
@@ -281,8 +281,8 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # A checkpoint's restore from tmpfs by route (mapped copies or
             # read()), with and without dropping the page cache first: the
             # drop cannot evict tmpfs pages, yet mapped restores of them
-            # ran at a third of the rate after it (bench/results/
-            # 2026-12-01-h200-session15), which is why benchmarks no longer
+            # ran at a third of the rate after it (measured on the H200),
+            # which is why benchmarks do not
             # drop the cache of memory file systems.
             warm_memory; ensure_hot
             ck=/dev/shm/zerohop-restore-routes
@@ -462,7 +462,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             start=$SECONDS
             # A model file written fresh: on this VM, one written earlier in
             # the machine start was once mapped at a third of the usual rate
-            # by every loader that maps it (bench/results/2026-12-01-h200-session11).
+            # by every loader that maps it.
             rm -f $HOT; ensure_hot; install_wheels
             [ "$step" = peers-shapes ] || peers_run hot $HOT --modes hot --time-limit 240
             [ "$step" = peers-hot ] || peers_run shapes $HOT --modes shapes --time-limit $((540 - (SECONDS - start)))

@@ -79,6 +79,19 @@ def test_device_names_are_the_cli_s(tmp_path):
         zerohop.load_file(path, device="none")
 
 
+def test_a_gpu_that_is_not_there_is_named_with_what_to_use_instead(tmp_path):
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "m.safetensors"
+    zerohop.save_file({"a": np.arange(4.0)}, path)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    want = "no CUDA GPU is available here.*device='cpu'" if count == 0 else f"has {count} CUDA GPU"
+    for device in (f"cuda:{count + 6}", count + 6):
+        with pytest.raises(RuntimeError, match=want):
+            zerohop.load_file(path, device=device)
+        with pytest.raises(RuntimeError, match=want):
+            zerohop.safe_open(path, "pt", device=device)
+
+
 def test_bad_arguments_are_value_errors(tmp_path):
     path = tmp_path / "m.safetensors"
     zerohop.save_file({"a": np.ones(2)}, path)
@@ -152,3 +165,11 @@ def test_prepare_makes_the_engine_once_and_names_the_device():
     assert zerohop.prepare("host") == first
     with pytest.raises(ValueError):
         zerohop.prepare("nonsense")
+
+
+def test_a_debug_build_says_so_when_imported():
+    code = "import warnings; warnings.simplefilter('always'); import zerohop"
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    said = "DebugBuildWarning" in done.stderr
+    assert said == zerohop._native.DEBUG_BUILD, done.stderr

@@ -26,7 +26,22 @@ from ._safetensors import TensorSlice, load_file, safe_open, save_file
 from ._suspend import resume, serve_suspend, suspend, suspendable
 
 __version__ = _native.__version__
+
+
+class DebugBuildWarning(RuntimeWarning):
+    """The native module is a debug build (as scripts/test.sh installs in
+    .venv/ for the tests): correct, but several times slower."""
+
+
+if _native.DEBUG_BUILD:
+    import warnings
+
+    warnings.warn("zerohop: this is a debug build of the native module (scripts/test.sh's .venv/ has one): "
+                  "transfers run several times slower; `pip install .` makes a release build",
+                  DebugBuildWarning, stacklevel=2)
+
 __all__ = [
+    "DebugBuildWarning",
     "IntegrityError",
     "TensorSlice",
     "agent",

@@ -122,14 +122,22 @@ def device_name(device: Any) -> str:
     words of every zerohop interface ('auto', 'cuda', 'cuda:N', 'host' or
     'cpu', 'sim'), parsed natively, plus an int or a torch.device; as in
     torch, a bare 'cuda' is torch's current GPU."""
-    if isinstance(device, int):
-        return f"cuda:{device}"
-    name = str(device)
+    name = f"cuda:{device}" if isinstance(device, int) else str(device)
+    torch = _torch()
+    if name != "cuda":
+        name = _native.device_name(name)
+    if not name.startswith("cuda") or torch is None:
+        return "cuda:0" if name == "cuda" else name
+    # torch would fail on its first use of a missing GPU with no hint.
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise RuntimeError(f"device {name!r}: no CUDA GPU is available here (torch sees none); "
+                           "use device='cpu' for host memory, or 'auto' for a GPU where there is one")
     if name == "cuda":
-        torch = _torch()
-        index = torch.cuda.current_device() if torch is not None else 0
-        return f"cuda:{index}"
-    return _native.device_name(name)
+        return f"cuda:{torch.cuda.current_device()}"
+    if int(name.split(":")[1]) >= count:
+        raise RuntimeError(f"device {name!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    return name
 
 
 def current_stream(device: str) -> Optional[int]:

@@ -4,6 +4,7 @@ addresses; use the functions of the `zerohop` package instead."""
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __version__: str
+DEBUG_BUILD: bool
 
 class IntegrityError(Exception):
     """Stored bytes do not match their checksum; the message names the first bad chunk."""

@@ -407,7 +407,8 @@ fn ls_store(name: &str, json: bool, missing: Error) -> Result<()> {
         );
         return Ok(());
     }
-    println!("{}: {} checkpoints", store.describe(), rows.len());
+    let plural = if rows.len() == 1 { "" } else { "s" };
+    println!("{}: {} checkpoint{plural}", store.describe(), rows.len());
     println!("{:>10}  {:>7}  {:<24} PARENT", "SIZE", "ENTRIES", "NAME");
     for (n, m) in &rows {
         println!(

@@ -13,8 +13,8 @@ use zerohop_checkpoint::Location;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// Size of the demo model (the checkpoint takes as much again).
-    #[arg(long, default_value_t = ByteSize(1 << 30))]
+    /// Size of the demo model (the checkpoint takes as much again); not 0.
+    #[arg(long, default_value_t = ByteSize(1 << 30), value_parser = |s: &str| crate::size::parse_length(s).map(ByteSize))]
     size: ByteSize,
     /// Where to make the demo's working directory (default: the system
     /// temp directory).

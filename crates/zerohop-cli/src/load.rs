@@ -8,6 +8,7 @@ use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
 use zerohop::safetensors::{self, Allocation};
+use zerohop::storage::SourceFile;
 use zerohop::{Engine, Error, Result, TransferStats};
 
 #[derive(Args, Debug)]
@@ -43,9 +44,11 @@ struct LoadReport<'a> {
 }
 
 /// Loads files as asked; returns the stats and what went where.
-fn load(engine: &Engine, args: &LoadArgs) -> Result<(TransferStats, Option<usize>, Vec<Placed>)> {
-    let names = expand_names(&args.files)?;
-    let sources = zerohop_s3::open_sources(&names)?;
+fn load(
+    engine: &Engine,
+    args: &LoadArgs,
+    (names, sources): (Vec<PathBuf>, Vec<SourceFile>),
+) -> Result<(TransferStats, Option<usize>, Vec<Placed>)> {
     let total: u64 = sources.iter().map(|s| s.len()).sum();
     let bar = bytes_bar("loading", total, args.json);
     let progress = |n| bar.inc(n);
@@ -109,12 +112,26 @@ fn expand_names(files: &[PathBuf]) -> Result<Vec<PathBuf>> {
 }
 
 pub fn run(args: &LoadArgs) -> Result<()> {
-    run_on(&args.engine.engine()?, args)
+    // The inputs first: a missing file is an error before the device is
+    // opened (and says so) rather than after.
+    let inputs = open_inputs(&args.files)?;
+    report(&args.engine.engine()?, args, inputs)
 }
 
 /// `run` with an engine already made (the demo's; `args.engine` unused).
 pub fn run_on(engine: &Engine, args: &LoadArgs) -> Result<()> {
-    let (stats, tensors, placed) = load(engine, args)?;
+    report(engine, args, open_inputs(&args.files)?)
+}
+
+/// The names to load (see `expand_names`) and their sources, opened.
+fn open_inputs(files: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<SourceFile>)> {
+    let names = expand_names(files)?;
+    let sources = zerohop_s3::open_sources(&names)?;
+    Ok((names, sources))
+}
+
+fn report(engine: &Engine, args: &LoadArgs, inputs: (Vec<PathBuf>, Vec<SourceFile>)) -> Result<()> {
+    let (stats, tensors, placed) = load(engine, args, inputs)?;
     let verified = if args.verify {
         Some(compare_with_files(engine, &placed, args.json)?)
     } else {

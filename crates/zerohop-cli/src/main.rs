@@ -23,7 +23,7 @@ use std::process::ExitCode;
 #[command(
     name = "zerohop",
     version,
-    about = "Move bytes between storage and GPU memory with no host hop"
+    about = "Move bytes between storage and GPU memory through a small pinned staging pool, reads and copies overlapped (hot files by DMA from the page cache where that is faster)"
 )]
 struct Cli {
     #[command(subcommand)]

@@ -4,7 +4,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// Parses sizes like `8GiB`, `512MiB`, `1G`, `4096`.
+/// Parses sizes like `8GiB`, `512MiB`, `1G`, `4096`: K, M, G, T and KiB
+/// ... TiB are powers of 1024, KB, MB, GB, TB powers of 1000 (as dd reads
+/// them).
 pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t
@@ -23,6 +25,7 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         u => return Err(format!("unknown size unit {u:?} in {s:?}")),
     };
     let v = n * mult as f64;
@@ -30,6 +33,14 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         return Err(format!("{s:?} is out of range"));
     }
     Ok(v as u64)
+}
+
+/// As [`parse_size`], for a length of data, which 0 is not.
+pub fn parse_length(s: &str) -> std::result::Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err(format!("{s:?} is 0 bytes: give a size of at least 1 byte")),
+        n => Ok(n),
+    }
 }
 
 /// A size on the command line: parsed like `8GiB`, `512MiB` or `4096`,
@@ -77,7 +88,7 @@ pub use zerohop::stats::human_bytes;
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_size, ByteSize};
+    use super::{parse_length, parse_size, ByteSize};
 
     #[test]
     fn sizes_parse() {
@@ -88,6 +99,17 @@ mod tests {
         assert_eq!(parse_size("1.5k").unwrap(), 1536);
         assert!(parse_size("abc").is_err());
         assert!(parse_size("1XB").is_err());
+        // Decimal units are powers of 1000, binary ones of 1024.
+        assert_eq!(parse_size("1gb").unwrap(), 1_000_000_000);
+        assert_eq!(parse_size("2TB").unwrap(), 2_000_000_000_000);
+        assert_eq!(parse_size("1gib").unwrap(), parse_size("1G").unwrap());
+    }
+
+    #[test]
+    fn a_length_is_never_zero() {
+        assert_eq!(parse_length("1MiB").unwrap(), 1 << 20);
+        assert!(parse_length("0").unwrap_err().contains("0 bytes"));
+        assert!(parse_length("0GiB").is_err());
     }
 
     #[test]

@@ -20,6 +20,8 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // A debug build moves bytes several times slower: the package warns.
+    m.add("DEBUG_BUILD", cfg!(debug_assertions))?;
     m.add(
         "IntegrityError",
         m.py().get_type::<errors::IntegrityError>(),

@@ -13,10 +13,9 @@ pub enum CacheDrop {
     Fadvise,
     /// Nothing done: the file lives in memory (tmpfs, ramfs), whose pages
     /// cannot be dropped. A drop would leave them slow to map: on the
-    /// reference machine, mapped restores of a tmpfs checkpoint ran at 24 -
-    /// 40 GB/s before one and 13 - 16 after it, in every later restore
-    /// (bench/results/2026-12-01-h200-session15), a state that a restore
-    /// right after a save never meets.
+    /// reference H200 machine, mapped restores of a tmpfs checkpoint ran at
+    /// 24 - 40 GB/s before one and 13 - 16 after it, in every later
+    /// restore, a state that a restore right after a save never meets.
     MemoryFileSystem,
 }
 

@@ -16,7 +16,7 @@ pub struct StagingConfig {
 
 impl Default for StagingConfig {
     fn default() -> Self {
-        // Measured on the reference machine (bench/results/2026-11-30-h200*):
+        // Measured on the reference H200 machine:
         // hot loads are bound by the CPU copy into the slots, which is
         // faster while the pool stays warm in the CPU caches: 128 MiB beat
         // 256 MiB (~30 vs ~22 GB/s), and 4 MiB slots beat 2 MiB ones by a

@@ -3,7 +3,7 @@
 //! run; and the agent child process the agent benchmarks start.
 
 use crate::common::open_device_or_host;
-use crate::size::{human_bytes, parse_size};
+use crate::size::{human_bytes, parse_length};
 use clap::Args;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ pub struct BenchAgentArgs {
     #[arg(long, default_value = "auto", help = zerohop::device::DEVICE_HELP)]
     pub device: String,
     /// Bytes per submitted read.
-    #[arg(long, value_parser = parse_size, default_value = "64MiB")]
+    #[arg(long, value_parser = parse_length, default_value = "64MiB")]
     pub chunk: u64,
     /// Allocate the GPU memory with cuMemCreate (VMM, shared with the agent
     /// by file descriptor) instead of cuMemAlloc (shared by IPC handle).

@@ -15,15 +15,15 @@ use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions, Saved};
 
 #[derive(Args, Debug)]
 pub struct BenchCheckpointArgs {
-    /// Device memory to checkpoint, e.g. 16GiB.
-    #[arg(long, value_parser = crate::size::parse_size)]
+    /// Device memory to checkpoint, e.g. 16GiB (GiB: 1024^3, GB: 10^9); not 0.
+    #[arg(long, value_parser = crate::size::parse_length)]
     pub size: u64,
     /// Directory to save into (its file system is what is measured), or
     /// s3://bucket/[prefix] (the object store is).
     #[arg(long)]
     pub dir: PathBuf,
     /// Size of each region (tensor) of the checkpoint.
-    #[arg(long, value_parser = crate::size::parse_size, default_value = "256MiB")]
+    #[arg(long, value_parser = crate::size::parse_length, default_value = "256MiB")]
     pub region: u64,
     #[command(flatten)]
     pub engine: EngineArgs,

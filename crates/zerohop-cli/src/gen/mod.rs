@@ -15,8 +15,9 @@ use zerohop::{Error, Result};
 
 #[derive(Args, Debug)]
 pub struct GenArgs {
-    /// Approximate size, e.g. 8GiB, 512MiB, 1G.
-    #[arg(long, value_parser = crate::size::parse_size)]
+    /// Approximate size: 8GiB, 512MiB, 1G (K, M, G, T and KiB ... TiB are
+    /// powers of 1024; KB, MB, GB, TB powers of 1000); not 0.
+    #[arg(long, value_parser = crate::size::parse_length)]
     pub size: u64,
     /// Seed of the random values: the same seed and options give the same files.
     #[arg(long, default_value_t = 1)]
@@ -36,6 +37,10 @@ pub struct GenArgs {
     /// stay bf16).
     #[arg(long, value_enum, default_value_t = GenDtype::Bf16)]
     pub dtype: GenDtype,
+    /// Replace files that exist already (without it, an existing file is
+    /// an error and nothing is written).
+    #[arg(long)]
+    pub force: bool,
     /// The safetensors file to write (with --shards, where the shards go).
     pub out: PathBuf,
 }
@@ -49,6 +54,7 @@ impl GenArgs {
             shards: 1,
             small_tensors: false,
             dtype: GenDtype::Bf16,
+            force: false,
             out: out.to_path_buf(),
         }
     }
@@ -63,6 +69,16 @@ struct Shard {
 pub fn run(a: &GenArgs) -> Result<()> {
     let tensors = layout::plan(a.size, a.dtype, a.small_tensors);
     let shards = shard_files(&a.out, tensors, a.shards)?;
+    if !a.force {
+        let index = (shards.len() > 1).then(|| index_path(&a.out));
+        let targets = shards.iter().map(|s| s.path.clone()).chain(index);
+        if let Some(there) = targets.into_iter().find(|p| p.symlink_metadata().is_ok()) {
+            return Err(zerohop::Error::invalid(format!(
+                "{} exists: remove it or pass --force to replace it (nothing was written)",
+                there.display()
+            )));
+        }
+    }
     let total: u64 = shards
         .iter()
         .flat_map(|s| &s.tensors)
@@ -149,6 +165,13 @@ fn shard_path(out: &Path, k: usize, n: usize) -> PathBuf {
 }
 
 /// `OUT.index.json`: which shard holds each tensor, as Hugging Face writes it.
+/// Where a sharded model's index goes: OUT.index.json.
+fn index_path(out: &Path) -> PathBuf {
+    let mut path = out.as_os_str().to_owned();
+    path.push(".index.json");
+    PathBuf::from(path)
+}
+
 fn write_index(out: &Path, shards: &[Shard], total: u64) -> Result<()> {
     let mut map = serde_json::Map::new();
     for s in shards {
@@ -158,9 +181,7 @@ fn write_index(out: &Path, shards: &[Shard], total: u64) -> Result<()> {
         }
     }
     let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": map });
-    let mut path = out.as_os_str().to_owned();
-    path.push(".index.json");
-    let path = PathBuf::from(path);
+    let path = index_path(out);
     let text = serde_json::to_string_pretty(&index).expect("JSON serializes");
     std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, "cannot write", e))
 }

@@ -302,8 +302,8 @@ struct CudaFence {
 /// own slot's copy, usually well under a millisecond; a sleeping waiter is
 /// woken tens of microseconds late, on a cold core. In a bare probe of the
 /// mapped route on the reference machine, polling ran at 51.9 - 52.8 GB/s
-/// against 49.8 - 51.5 with blocking waits (bench/probe/hot_copy.cu,
-/// bench/results/2026-12-01-h200-session10); the engine's own gain was
+/// against 49.8 - 51.5 with blocking waits (bench/probe/hot_copy.cu on
+/// the H200); the engine's own gain was
 /// within the noise of its runs.
 const FENCE_POLL: std::time::Duration = std::time::Duration::from_millis(2);
 

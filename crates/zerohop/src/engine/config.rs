@@ -61,23 +61,22 @@ impl Default for EngineConfig {
             staging: StagingConfig::default(),
             io_threads: crate::machine::available_cpus().clamp(2, 16),
             // Ranged GETs of an 8.33 GB object from a local S3 server on
-            // the reference machine (bench/results/2026-12-01-h200-session15):
-            // 16 MiB x 32 in flight ran at 3.06 - 3.71 GB/s, 4 MiB x 16 (one
-            // slot per request, as loads did) at 2.64 - 2.96.
+            // the reference H200 machine: 16 MiB x 32 in flight ran at
+            // 3.06 - 3.71 GB/s, 4 MiB x 16 (one slot per request) at
+            // 2.64 - 2.96.
             remote_streams: 32,
             remote_read_bytes: 16 << 20,
             backend: BackendKind::Auto,
             // Cold loads on the reference machine's disk, a fresh file
-            // each (bench/results/2026-12-01-h200-session6): 256 KiB
+            // each, measured on the reference H200 machine: 256 KiB
             // requests 2.30 GB/s, 512 KiB 2.22, 1 MiB 1.84-2.20, 4 MiB 2.03.
             read_request_bytes: 256 << 10,
             direct_io: DirectIo::Auto,
             hot_route: HotRoute::Auto,
             dma_window_bytes: 64 << 20,
-            // Measured on the reference machine (bench/results/
-            // 2026-12-01-h200-session6): 4 MiB windows in 4 MiB slots ran at
-            // 50.5-50.7 GB/s, 2 MiB ones at 47.3, 8 MiB ones (in 8 MiB
-            // slots) at 41-49.
+            // Measured on the reference H200 machine: 4 MiB windows in
+            // 4 MiB slots ran at 50.5-50.7 GB/s, 2 MiB ones at 47.3, 8 MiB
+            // ones (in 8 MiB slots) at 41-49.
             mapped_window_bytes: 4 << 20,
             hot_threshold: 0.98,
             hot_probe_bytes: 512 << 20,

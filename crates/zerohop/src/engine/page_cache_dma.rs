@@ -3,8 +3,8 @@
 //! read-only) while its copies run, and the GPU copies straight from them.
 //! No CPU copy touches the bytes. Pinning per window, rather than the whole
 //! file in one call, overlaps pinning with copying and bounds what is pinned:
-//! on the reference machine it ran at ~13 GB/s against ~9 GB/s for one
-//! whole-file registration (2026-11-30, bench/results). Only devices that
+//! on the reference H200 machine it ran at ~13 GB/s against ~9 GB/s for
+//! one whole-file registration. Only devices that
 //! copy by DMA take this route (see `Device::copies_by_dma`).
 //!
 //! The files of the mapped-copy route are mapped here too: the same

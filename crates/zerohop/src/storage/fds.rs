@@ -144,12 +144,26 @@ pub(crate) fn open_regular(path: &Path, access: Access) -> crate::Result<(File, 
             .unwrap_or_else(|| crate::Error::io(path, "cannot open", e))
         })?;
     let stamp = FileStamp::of(&file, path)?;
+    if access == Access::Read && stamp.len == 0 && holds_bytes(&file) {
+        return Err(crate::Error::invalid(format!(
+            "{}: its size reads as 0 bytes but it holds data (a /proc or /sys file, \
+             whose size the kernel does not know): copy it to a regular file and load that",
+            path.display()
+        )));
+    }
     // With O_NONBLOCK an io_uring read that must wait for storage could fail
     // with EAGAIN instead of waiting.
     rustix::fs::fcntl_getfl(&file)
         .and_then(|flags| rustix::fs::fcntl_setfl(&file, flags - OFlags::NONBLOCK))
         .map_err(|e| crate::Error::io(path, "cannot clear O_NONBLOCK on", e.into()))?;
     Ok((file, stamp))
+}
+
+/// Whether a file whose size reads as 0 gives a byte all the same, as the
+/// kernel's generated files (/proc, /sys) do.
+fn holds_bytes(file: &File) -> bool {
+    use std::os::unix::fs::FileExt;
+    file.read_at(&mut [0u8; 1], 0).is_ok_and(|n| n > 0)
 }
 
 /// The length of `file`, which must be a regular file (`label` names it in
@@ -337,5 +351,17 @@ mod tests {
         std::fs::rename(&other, &path).unwrap();
         file.check_unchanged().unwrap();
         remove(&path);
+        // The replacement's directory, empty now, goes too.
+        remove(&other);
+    }
+
+    #[test]
+    fn a_file_whose_size_reads_as_zero_but_holds_bytes_is_refused() {
+        let err = SourceFile::open(Path::new("/proc/self/status")).unwrap_err();
+        assert!(err.to_string().contains("size reads as 0 bytes but it holds data"), "{err}");
+        // A really empty file opens, as 0 bytes.
+        let empty = test_file("empty", &[]);
+        assert_eq!(SourceFile::open(&empty).unwrap().len(), 0);
+        remove(&empty);
     }
 }
