@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import zerohop
-from zerohop import checkpoint
+from zerohop import _flat, checkpoint
 
 
 def training_state(rng):
@@ -118,13 +118,13 @@ def test_a_malformed_structure_is_a_value_error(tmp_path, monkeypatch):
     """The structure comes from the manifest, which is checksummed; one
     written by another tool may still be wrong."""
     checkpoint.save({"a": np.ones(3, np.float32)}, tmp_path / "ck")
-    original = checkpoint._entries
+    original = _flat._entries
 
     def tampered(dir):
         _, entries = original(dir)
         return {"dict": [[{"str": "a"}, {"tensor": "missing", "device": "cpu", "framework": "np"}]]}, entries
 
-    monkeypatch.setattr(checkpoint, "_entries", tampered)
+    monkeypatch.setattr(_flat, "_entries", tampered)
     with pytest.raises(ValueError, match="malformed"):
         checkpoint.load(tmp_path / "ck")
 

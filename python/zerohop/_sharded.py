@@ -28,29 +28,17 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any, Dict, List, Optional
 
-from . import _buffers
+from . import _buffers, _flat
 from ._durable import write_durably
+from ._flat import DTENSOR_PREFIX
 
 COMMIT = "SHARDS.json"
 FORMAT = "zerohop-sharded-checkpoint/1"
 REPLICATED_DIR = "replicated"
-# How the checkpoint's loader keys DTensors among the entries it loaded.
-DTENSOR_PREFIX = "\0dtensor:"
 # The largest commit file `load` reads.
 MAX_COMMIT_BYTES = 64 << 20
-
-
-def is_dtensor(value: Any) -> bool:
-    torch = _buffers._torch()
-    if torch is None or not isinstance(value, torch.Tensor):
-        return False
-    # A DTensor exists only once its module is imported: asked before that,
-    # the answer is no, without importing it (about 1 s on a first save).
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(value, getattr(module, "DTensor", ()))
 
 
 def is_sharded(dir: Any) -> bool:
@@ -89,7 +77,6 @@ def _placement(name: str, value: Any) -> str:
 
 
 def save(state: Any, dir: Any, group: Any, progress: Any) -> Dict[str, Any]:
-    from . import checkpoint as ckpt
     from .distributed import _agree, _Group
 
     world = _Group(group)
@@ -98,9 +85,9 @@ def save(state: Any, dir: Any, group: Any, progress: Any) -> Dict[str, Any]:
     result: Dict[str, Any] = {}
     failure: Optional[BaseException] = None
     try:
-        flat = ckpt._Flattener()
+        flat = _flat._Flattener()
         skeleton = flat.encode(state, [])
-        replicated = ckpt._Flattener()
+        replicated = _flat._Flattener()
         for name, value in flat.dtensors.items():
             place = _placement(name, value)
             layout[name] = {
@@ -120,10 +107,10 @@ def save(state: Any, dir: Any, group: Any, progress: Any) -> Dict[str, Any]:
     every = _gather(world, failure, layout)
     try:
         commit = _commit_of(every, world.size)
-        result = ckpt._save_flat(flat, skeleton, rank_dir(dir, world.rank, world.size), None, progress)
+        result = _flat._save_flat(flat, skeleton, rank_dir(dir, world.rank, world.size), None, progress)
         if replicated.buffers:
             nodes = [{"tensor": n, "device": b.device, "framework": "pt"} for n, b in sorted(replicated.buffers.items())]
-            ckpt._save_flat(replicated, {"list": nodes}, os.path.join(dir, REPLICATED_DIR), None, progress)
+            _flat._save_flat(replicated, {"list": nodes}, os.path.join(dir, REPLICATED_DIR), None, progress)
     except Exception as e:  # as above
         failure = e
     # Every rank's data is durable (or some rank failed) past this point.
@@ -202,7 +189,6 @@ def _layout_ok(v: Any, world_size: int) -> bool:
 
 
 def load(dir: Any, device: Any, group: Any, progress: Any) -> Any:
-    from . import checkpoint as ckpt
     from .distributed import _agree, _Group
 
     world = _Group(group)
@@ -213,13 +199,13 @@ def load(dir: Any, device: Any, group: Any, progress: Any) -> Any:
         commit = _read_commit(dir)
         old = commit["world_size"]
         same = world.size == old
-        skeleton, tensors = ckpt._load_tensors(rank_dir(dir, world.rank if same else 0, old), device, progress)
+        skeleton, tensors = _flat._load_tensors(rank_dir(dir, world.rank if same else 0, old), device, progress)
         if not same:
             _refuse_plain_tensors(skeleton, old, world.size)
         dtensors = commit["dtensors"]
         replicated = {}
         if commit["replicated"]:
-            _, replicated = ckpt._load_tensors(os.path.join(dir, REPLICATED_DIR), device, progress)
+            _, replicated = _flat._load_tensors(os.path.join(dir, REPLICATED_DIR), device, progress)
         # The old ranks' parts this rank's new rows need, loaded once each.
         old_parts: Dict[int, Dict[str, Any]] = {world.rank: tensors} if same else {}
         place = _place(device, tensors, replicated)
@@ -230,7 +216,7 @@ def load(dir: Any, device: Any, group: Any, progress: Any) -> Any:
             else:
                 local = _rows(dir, name, v, world, old_parts, place, progress)
             tensors[DTENSOR_PREFIX + name] = _as_dtensor(local, mesh, v)
-        state = tensors if skeleton is None else ckpt._decode_state(dir, skeleton, tensors)
+        state = tensors if skeleton is None else _flat._decode_state(dir, skeleton, tensors)
     except Exception as e:  # raised on every rank by the agreement below
         failure = e
     _agree(world, failure)
@@ -253,7 +239,6 @@ def _refuse_plain_tensors(node: Any, old: int, new: int) -> None:
 def _rows(dir: str, name: str, v: Dict[str, Any], world: Any, old_parts: Dict[int, Dict[str, Any]], place: str, progress: Any) -> Any:
     """This rank's rows of a Shard(0) DTensor, cut from the old ranks'
     shards that hold them."""
-    from . import checkpoint as ckpt
 
     torch = _buffers._torch()
     shape = v["shape"]
@@ -268,7 +253,7 @@ def _rows(dir: str, name: str, v: Dict[str, Any], world: Any, old_parts: Dict[in
         lo, hi = max(begin, at), min(end, at + n)
         if lo < hi:
             if r not in old_parts:
-                _, old_parts[r] = ckpt._load_tensors(rank_dir(dir, r, len(v["rows"])), place, progress)
+                _, old_parts[r] = _flat._load_tensors(rank_dir(dir, r, len(v["rows"])), place, progress)
             pieces.append(old_parts[r][name][lo - at : hi - at])
         at += n
     if len(pieces) == 1 and pieces[0].shape[0] == end - begin:
@@ -309,7 +294,6 @@ def _as_dtensor(local: Any, mesh: Any, v: Dict[str, Any]) -> Any:
 
 def restore_into(state: Any, dir: Any, group: Any, progress: Any) -> None:
     """In place, at the world size the checkpoint was saved at."""
-    from . import checkpoint as ckpt
     from .distributed import _agree, _Group
 
     world = _Group(group)
@@ -322,18 +306,18 @@ def restore_into(state: Any, dir: Any, group: Any, progress: Any) -> None:
                 f"{dir} was saved by {commit['world_size']} ranks; restore_into needs as many "
                 f"(this group has {world.size}): load() reshards DTensors"
             )
-        flat = ckpt._Flattener(writable=True)
+        flat = _flat._Flattener(writable=True)
         mine = flat.encode(state, [])
-        replicated = ckpt._Flattener(writable=True)
+        replicated = _flat._Flattener(writable=True)
         for name, value in flat.dtensors.items():
             v = commit["dtensors"].get(name)
             if v is None or v["placement"] != _placement(name, value) or v["shape"] != list(value.shape):
                 raise ValueError(f"{name}: the DTensor differs from the checkpoint's (placement or shape)")
             target = flat if v["placement"] == "shard0" else replicated
             target.buffers[name] = _buffers.describe(value.to_local(), writable=True)
-        ckpt._restore_flat(flat, mine, rank_dir(dir, world.rank, world.size), progress)
+        _flat._restore_flat(flat, mine, rank_dir(dir, world.rank, world.size), progress)
         if replicated.buffers:
-            ckpt._restore(os.path.join(dir, REPLICATED_DIR), replicated.buffers, progress)
+            _flat._restore(os.path.join(dir, REPLICATED_DIR), replicated.buffers, progress)
     except Exception as e:  # raised on every rank by the agreement below
         failure = e
     _agree(world, failure)

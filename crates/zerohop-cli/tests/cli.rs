@@ -489,3 +489,42 @@ fn text_output_is_true_to_host_memory_and_human() {
     assert!(first[1].ends_with("iB") || first[1] == "B", "{stdout}");
     assert!(first[0].parse::<f64>().is_ok(), "{stdout}");
 }
+
+#[test]
+fn first_hour_mistakes_are_clear_errors_that_lose_nothing() {
+    // gen never replaces a file unless told to.
+    let model = tmp("kept.safetensors");
+    let m = model.to_str().unwrap();
+    assert!(zerohop(&["gen", "--size", "1MiB", m]).status.success());
+    let before = std::fs::read(&model).unwrap();
+    fails_with(&["gen", "--size", "2MiB", "--seed", "9", m], "--force");
+    assert_eq!(std::fs::read(&model).unwrap(), before, "the file changed");
+    assert!(zerohop(&["gen", "--size", "2MiB", "--force", m])
+        .status
+        .success());
+    assert_ne!(std::fs::read(&model).unwrap(), before);
+    // A size of 0 bytes is no size.
+    fails_with(
+        &[
+            "gen",
+            "--size",
+            "0",
+            tmp("zero.safetensors").to_str().unwrap(),
+        ],
+        "0 bytes",
+    );
+    // A file whose size the kernel does not know is refused, not loaded as 0 bytes.
+    fails_with(
+        &["load", "/proc/self/status", "--device", "host"],
+        "size reads as 0 bytes",
+    );
+    // A missing file is the error, before anything is said about the device.
+    let out = zerohop(&["load", tmp("missing.safetensors").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("missing.safetensors"), "{err}");
+    assert!(
+        !err.contains("no GPU"),
+        "the device was opened first: {err}"
+    );
+}

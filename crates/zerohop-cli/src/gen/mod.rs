@@ -291,6 +291,7 @@ mod tests {
     fn args(out: &Path, size: u64) -> GenArgs {
         GenArgs {
             seed: 5,
+            force: true,
             ..GenArgs::model(out, size)
         }
     }

@@ -358,7 +358,11 @@ mod tests {
     #[test]
     fn a_file_whose_size_reads_as_zero_but_holds_bytes_is_refused() {
         let err = SourceFile::open(Path::new("/proc/self/status")).unwrap_err();
-        assert!(err.to_string().contains("size reads as 0 bytes but it holds data"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("size reads as 0 bytes but it holds data"),
+            "{err}"
+        );
         // A really empty file opens, as 0 bytes.
         let empty = test_file("empty", &[]);
         assert_eq!(SourceFile::open(&empty).unwrap().len(), 0);

@@ -21,6 +21,11 @@ use std::time::Duration;
 pub struct SimConfig {
     /// Each copy waits a random time up to this long before it runs.
     pub max_copy_delay: Duration,
+    /// The seed of those waits: `None` takes `ZEROHOP_SIM_SEED` from the
+    /// environment, else a fresh one. A device with delays prints its seed
+    /// (a test's output is shown when it fails), and the same seed gives
+    /// every queue the same waits again.
+    pub seed: Option<u64>,
     /// The copy with this sequence number (counted from 0 across all queues)
     /// fails, as a broken copy engine would.
     pub fail_copy: Option<u64>,
@@ -92,7 +97,19 @@ pub struct SimDevice {
 }
 
 impl SimDevice {
-    pub fn new(config: SimConfig) -> Self {
+    pub fn new(mut config: SimConfig) -> Self {
+        let seed = config.seed.unwrap_or_else(|| {
+            std::env::var("ZEROHOP_SIM_SEED")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or_else(fresh_seed)
+        });
+        config.seed = Some(seed);
+        if !config.max_copy_delay.is_zero() {
+            eprintln!(
+                "simulated device: seed {seed} (ZEROHOP_SIM_SEED={seed} replays its copy delays)"
+            );
+        }
         SimDevice {
             config,
             registry: Arc::default(),
@@ -105,6 +122,11 @@ impl SimDevice {
             // CUDA's default.
             thread_stack: AtomicU64::new(1024),
         }
+    }
+
+    /// The seed of the copy delays (see [`SimConfig::seed`]).
+    pub fn seed(&self) -> u64 {
+        self.config.seed.expect("set by new")
     }
 
     /// Copy queues made so far.
@@ -224,7 +246,7 @@ impl Device for SimDevice {
     }
 
     fn new_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        self.queues_made.fetch_add(1, Ordering::SeqCst);
+        let queue = self.queues_made.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = mpsc::channel::<Op>();
         let registry = self.registry.clone();
         let config = self.config.clone();
@@ -232,7 +254,7 @@ impl Device for SimDevice {
         let done = self.done.clone();
         std::thread::Builder::new()
             .name("zerohop-sim-copy".into())
-            .spawn(move || copy_worker(rx, registry, config, copies, done))
+            .spawn(move || copy_worker(rx, registry, config, queue, copies, done))
             .map_err(|e| {
                 Error::with_source(ErrorKind::Device, "starting simulated copy worker", e)
             })?;
@@ -487,16 +509,35 @@ impl Fence for SimFence {
     }
 }
 
+/// A seed no earlier device had: the clock's nanoseconds and a count.
+fn fresh_seed() -> u64 {
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ MADE.fetch_add(1, Ordering::Relaxed).rotate_left(32)
+}
+
+/// The start of queue `queue`'s xorshift sequence from `seed`: a splitmix64
+/// step, never 0 (xorshift stays at 0).
+fn queue_rng(seed: u64, queue: u64) -> u64 {
+    let mut z = seed ^ queue.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) | 1
+}
+
 fn copy_worker(
     rx: mpsc::Receiver<Op>,
     registry: Arc<Mutex<Registry>>,
     config: SimConfig,
+    queue: u64,
     copies: Arc<AtomicU64>,
     done: Arc<AtomicU64>,
 ) {
     // The first failure sticks to the queue, as a CUDA stream error does.
     let mut failure: Option<String> = None;
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (registry.as_ref() as *const _ as u64);
+    let mut rng = queue_rng(config.seed.expect("set by SimDevice::new"), queue);
     for op in rx {
         match op {
             Op::Copy { src, dst, len, dir } => {
@@ -549,5 +590,26 @@ fn copy_worker(
                 state.cv.notify_all();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_each_queue_its_own_delays_and_the_same_ones_again() {
+        let dev = SimDevice::new(SimConfig {
+            seed: Some(42),
+            ..SimConfig::default()
+        });
+        assert_eq!(dev.seed(), 42);
+        assert_eq!(queue_rng(42, 3), queue_rng(42, 3));
+        assert_ne!(queue_rng(42, 3), queue_rng(42, 4));
+        assert_ne!(queue_rng(42, 3), queue_rng(43, 3));
+        assert_ne!(queue_rng(0, 0), 0, "xorshift would stay at 0");
+        // Devices left to choose get different seeds.
+        let (a, b) = (fresh_seed(), fresh_seed());
+        assert_ne!(a, b);
     }
 }

@@ -1,0 +1,261 @@
+"""The flat form of a checkpoint's state, shared by whole and sharded
+checkpoints: nested state (dicts, lists, tuples, tensors, plain values)
+split into named tensors and a structure that names them, saved as one
+checkpoint directory and restored from one."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from . import _buffers, _native
+
+PathLike = Union[str, "os.PathLike[str]"]
+Progress = Any
+
+# How the checkpoint's loader keys DTensors among the entries it loaded.
+DTENSOR_PREFIX = "\0dtensor:"
+
+
+def is_dtensor(value: Any) -> bool:
+    torch = _buffers._torch()
+    if torch is None or not isinstance(value, torch.Tensor):
+        return False
+    # A DTensor exists only once its module is imported: asked before that,
+    # the answer is no, without importing it (about 1 s on a first save).
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, getattr(module, "DTensor", ()))
+
+
+# The manifest metadata key holding the structure.
+STATE_KEY = "zerohop.state"
+
+
+class _Flattener:
+    """Walks a state, collecting its tensors (each storage range once, so
+    tied weights stay tied) and encoding everything else as JSON."""
+
+    def __init__(self, writable: bool = False) -> None:
+        self.writable = writable
+        self.buffers: Dict[str, _buffers.Buffer] = {}
+        self.frameworks: Dict[str, str] = {}
+        # DTensors, by entry name: saved by a sharded save (`group=`) only.
+        self.dtensors: Dict[str, Any] = {}
+        self._seen: Dict[Tuple[int, int, str, str, Tuple[int, ...]], str] = {}
+
+    def encode(self, value: Any, path: List[str]) -> Any:
+        np = _buffers.np
+        if np is not None and isinstance(value, np.generic) and not isinstance(value, np.ndarray):
+            value = value.item()  # numpy scalars come back as Python ones
+        if value is None:
+            return {"none": None}
+        if isinstance(value, bool):
+            return {"bool": value}
+        if isinstance(value, int):
+            return {"int": str(int(value))}  # int() also for IntEnum members
+        if isinstance(value, float):
+            return {"float": float(value).hex()}
+        if isinstance(value, str):
+            return {"str": value}
+        if isinstance(value, bytes):
+            return {"bytes": base64.b64encode(value).decode()}
+        if isinstance(value, dict):
+            kind = "ordered_dict" if isinstance(value, OrderedDict) else "dict"
+            return {kind: [[self.encode(k, path + ["key"]), self.encode(v, path + [str(k)])] for k, v in value.items()]}
+        if isinstance(value, (list, tuple)):
+            items = [self.encode(v, path + [str(i)]) for i, v in enumerate(value)]
+            return {"list" if isinstance(value, list) else "tuple": items}
+        if is_dtensor(value):
+            name = ".".join(path) or "tensor"
+            self.dtensors[name] = value
+            return {"dtensor": name, "device": _buffers.describe(value.to_local(), writable=False).device}
+        if _is_tensor(value):
+            return self._tensor(value, path)
+        raise TypeError(f"{'.'.join(path) or 'state'}: cannot checkpoint a {type(value).__name__}")
+
+    def _tensor(self, value: Any, path: List[str]) -> Dict[str, Any]:
+        b = _buffers.describe(value, writable=self.writable)
+        key = (b.addr, b.nbytes, b.device, b.dtype, b.shape)
+        name = self._seen.get(key) if b.nbytes else None
+        if name is None:
+            name = ".".join(path) or "tensor"
+            while name in self.buffers:
+                name += "#"
+            self.buffers[name] = b
+            self.frameworks[name] = "np" if _is_numpy(value) else "pt"
+            self._seen[key] = name
+        return {"tensor": name, "device": b.device, "framework": self.frameworks[name]}
+
+
+def _is_numpy(value: Any) -> bool:
+    np = _buffers.np
+    return np is not None and isinstance(value, np.ndarray)
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = _buffers._torch()
+    return _is_numpy(value) or (torch is not None and isinstance(value, torch.Tensor))
+
+
+
+def _save_flat(flat: _Flattener, skeleton: Any, dir: PathLike, parent: Optional[PathLike], progress: Progress) -> Dict[str, Any]:
+    """Saves the tensors `flat` collected, with `skeleton` as the structure."""
+    _refuse_partial_overlaps(flat.buffers)
+    buffers, device = _buffers.on_one_device(flat.buffers)  # alive through the save
+    entries = [(name, b.dtype, list(b.shape), b.addr, b.nbytes) for name, b in buffers.items()]
+    metadata = {STATE_KEY: json.dumps(skeleton, separators=(",", ":"))}
+    stats, seconds, written = _native.checkpoint_save(
+        device,
+        os.fspath(dir),
+        entries,
+        os.fspath(parent) if parent is not None else None,
+        metadata,
+        _buffers.current_stream(device),
+        progress,
+    )
+    return {"seconds": seconds, "written_bytes": written, "stats": json.loads(stats)}
+
+
+def _refuse_partial_overlaps(buffers: Dict[str, "_buffers.Buffer"]) -> None:
+    """Tensors reachable twice are stored once; different views of one
+    memory (`w` and `w[:2]`) cannot be, and would not come back as views."""
+    shared = _buffers.sharing_memory(buffers)
+    if shared:
+        raise ValueError(f"{' and '.join(shared[0])} share memory (views of one tensor): save one, or clone the others")
+
+
+def _entries(dir: PathLike) -> Tuple[Any, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]]:
+    metadata, entries = _native.checkpoint_entries(os.fspath(dir))
+    skeleton = json.loads(metadata[STATE_KEY]) if STATE_KEY in metadata else None
+    return skeleton, {name: (dtype, shape, nbytes) for name, dtype, shape, nbytes in entries}
+
+
+
+def _decode_state(dir: PathLike, skeleton: Any, tensors: Dict[str, Any]) -> Any:
+    try:
+        return _decode(skeleton, tensors)
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"{os.fspath(dir)}: the saved state structure is malformed ({e!r})") from None
+
+
+def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, Dict[str, Any]]:
+    """A checkpoint's structure and all its tensors, by entry name."""
+    skeleton, entries = _entries(dir)
+    devices: Dict[str, str] = {}
+    frameworks: Dict[str, str] = {}
+    _tensor_places(skeleton, devices, frameworks)
+    target = _buffers.device_name(device) if device is not None else None
+    tensors: Dict[str, Any] = {}
+    for name, (dtype, shape, nbytes) in entries.items():
+        framework = frameworks.get(name, "pt" if _buffers._torch() is not None else "np")
+        place = target or devices.get(name, "cpu")
+        if framework == "np" and place.startswith("cuda"):
+            framework = "pt"
+        if framework == "np" and place == "sim":
+            place = "cpu"
+        tensors[name] = _buffers.empty(framework, dtype or "U8", shape if shape is not None else [nbytes], place)
+    _restore(dir, {n: _buffers.describe(t, writable=True) for n, t in tensors.items()}, progress)
+    return skeleton, tensors
+
+
+def _tensor_places(node: Any, devices: Dict[str, str], frameworks: Dict[str, str]) -> None:
+    if not isinstance(node, dict):
+        return
+    if "tensor" in node:
+        devices[node["tensor"]] = node["device"]
+        frameworks[node["tensor"]] = node["framework"]
+        return
+    if "dtensor" in node:  # its local shard, in a sharded checkpoint's part
+        devices[node["dtensor"]] = node["device"]
+        frameworks[node["dtensor"]] = "pt"
+        return
+    for items in node.values():
+        if isinstance(items, list):
+            for item in items:
+                for part in item if isinstance(item, list) else [item]:
+                    _tensor_places(part, devices, frameworks)
+
+
+def _decode(node: Any, tensors: Dict[str, Any]) -> Any:
+    if not isinstance(node, dict) or len(node) < 1:
+        raise ValueError("the checkpoint's state structure is malformed")
+    if "tensor" in node:
+        return tensors[node["tensor"]]
+    if "dtensor" in node:
+        return tensors[DTENSOR_PREFIX + node["dtensor"]]
+    (kind, value), = node.items()
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return bool(value)
+    if kind == "int":
+        return int(value)
+    if kind == "float":
+        return float.fromhex(value)
+    if kind == "str":
+        return str(value)
+    if kind == "bytes":
+        return base64.b64decode(value)
+    if kind == "list":
+        return [_decode(v, tensors) for v in value]
+    if kind == "tuple":
+        return tuple(_decode(v, tensors) for v in value)
+    if kind == "dict":
+        return {_decode(k, tensors): _decode(v, tensors) for k, v in value}
+    if kind == "ordered_dict":
+        return OrderedDict((_decode(k, tensors), _decode(v, tensors)) for k, v in value)
+    raise ValueError(f"the checkpoint's state structure has an unknown node {kind!r}")
+
+
+
+def _restore_flat(flat: _Flattener, mine: Any, dir: PathLike, progress: Progress) -> None:
+    """Restores `dir` into the tensors `flat` collected from a state whose
+    structure is `mine`."""
+    skeleton, entries = _entries(dir)
+    if skeleton is None:
+        raise ValueError(f"{os.fspath(dir)} holds no saved structure: use load()")
+    if _shape_of(mine) != _shape_of(skeleton):
+        raise ValueError("the state's structure differs from the checkpoint's")
+    for name, b in flat.buffers.items():
+        dtype, shape, _ = entries[name]
+        if (dtype, shape) != (b.dtype, list(b.shape)):
+            raise ValueError(
+                f"{name}: the checkpoint holds {dtype} {shape}, the state {b.dtype} {list(b.shape)}"
+            )
+    _restore(dir, flat.buffers, progress)
+
+
+def _shape_of(node: Any) -> Any:
+    """The structure with tensors reduced to their entry names and plain
+    values dropped: what must match for an in-place restore."""
+    if isinstance(node, dict) and "tensor" in node:
+        return node["tensor"]
+    if isinstance(node, dict) and "dtensor" in node:
+        return ["dtensor", node["dtensor"]]
+    if isinstance(node, dict):
+        (kind, value), = node.items()
+        if kind in ("list", "tuple"):
+            return [kind, [_shape_of(v) for v in value]]
+        if kind in ("dict", "ordered_dict"):
+            # By key, not by order: an optimizer's state may fill in another
+            # order than the saved one had.
+            items = sorted(value, key=lambda kv: json.dumps(kv[0], sort_keys=True))
+            return ["dict", [[json.dumps(k, sort_keys=True), _shape_of(v)] for k, v in items]]
+    return None
+
+
+def _restore(dir: PathLike, buffers: Dict[str, "_buffers.Buffer"], progress: Progress) -> None:
+    """Restores entries into `buffers` on the device holding most bytes;
+    the others go through a temporary there and are copied back."""
+    staged, device = _buffers.on_one_device(buffers)
+    targets = [(n, b.addr, b.nbytes) for n, b in staged.items()]
+    _native.checkpoint_restore(
+        device, os.fspath(dir), targets, _buffers.current_stream(device), progress
+    )
+    for name, b in staged.items():
+        if b is not buffers[name]:
+            _buffers.as_torch(buffers[name]).copy_(b.owner)
