@@ -18,7 +18,7 @@ durable (fsync of the file and its directory):
                    host RAM; nothing reaches storage), then
                    cuCheckpointProcessRestore + Unlock; the child checks its
                    data afterwards
-  zerohop          `ZEROHOP bench checkpoint --size SIZE --dir DIR --json`:
+  zerohop          `zerohop-lab checkpoint --size SIZE --dir DIR --json` (beside ZEROHOP):
                    save (durable), restore, and the raw write/read rates of
                    DIR measured in the same run
 
@@ -35,6 +35,8 @@ import os
 import subprocess
 import sys
 import time
+
+from lab_binary import lab_binary
 
 PEERS = ("torch", "safetensors", "kvikio", "cuda-checkpoint", "zerohop")
 REGION = 256 << 20
@@ -161,7 +163,7 @@ def cuda_checkpoint(size):
 
 
 def run_zerohop(binary, size, directory):
-    out = subprocess.run([binary, "bench", "checkpoint", "--size", str(size), "--dir", directory,
+    out = subprocess.run([lab_binary(binary), "checkpoint", "--size", str(size), "--dir", directory,
                           "--json"], capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "failed")

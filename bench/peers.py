@@ -11,7 +11,7 @@ Sections (--modes, in this order, each timed and separately callable):
           its own) for every loader and every raw-read configuration, all
           written and synced before any is read; the page cache dropped
           before each; the order rotated between rounds; the round's files
-          deleted after it.  The raw-read sweep (`zerohop bench raw-read`:
+          deleted after it.  The raw-read sweep (`zerohop-lab raw-read`:
           block size x threads x O_DIRECT or buffered) runs in full in the
           first round and its best --sweep-keep configurations later.
   s3      FILE as one object of an S3-compatible server on this machine
@@ -91,6 +91,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # side (the loaders), whose helpers need only the standard library.
 import peers_report as report  # noqa: E402
 import peers_s3  # noqa: E402
+from lab_binary import lab_binary  # noqa: E402
 from peers_child import (PEER_CLASSES, check, cpu_seconds, describe, drop_page_cache,  # noqa: E402
                          fs_type, one_line, read_headers, write_warmup_file)
 
@@ -296,10 +297,10 @@ def say_record(r: dict) -> None:
 
 def raw_read(ctx: Run, path: str, config: dict, rnd: int, mode: str = "cold",
              expect_bytes: int | None = None) -> dict:
-    """`zerohop bench raw-read` on one fresh file (or an object: ranged
+    """`zerohop-lab raw-read` on one fresh file (or an object: ranged
     GETs, `direct` "get"), one configuration."""
     direct = "never" if config["direct"] == "get" else config["direct"]
-    cmd = [ctx.args.zerohop, "bench", "raw-read", path, "--block", config["block"],
+    cmd = [lab_binary(ctx.args.zerohop), "raw-read", path, "--block", config["block"],
            "--threads", str(config["threads"]), "--direct", direct, "--json"]
     base = {"mode": mode, "shape": "single", "loader": "raw-read", "round": rnd, "seq": next(SEQUENCE),
             "config": config}

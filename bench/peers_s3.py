@@ -2,7 +2,7 @@
 S3-compatible server on this machine (s3s-fs or Garage, over tmpfs:
 --s3-server, --s3-root), loaded into the device by zerohop and by the peers that read
 object stores, against the server's raw parallel ranged GETs
-(`zerohop bench raw-read s3://...`, a threads x block grid), rounds
+(`zerohop-lab raw-read s3://...`, a threads x block grid), rounds
 rotated.  The objects are uploaded with curl (SigV4): the parent needs
 only the standard library.
 

@@ -47,6 +47,8 @@ import sys
 import threading
 import time
 
+from lab_binary import lab_binary
+
 # --- the child: a process holding the tensors -----------------------------
 
 def child(mode: str, size_gib: int, tensor_mib: int, disk_dir: str, mlp: bool) -> None:
@@ -275,7 +277,7 @@ def run_row(mode: str, where: str, target: str, args, driver: DriverCheckpoint, 
 
 
 def raw_rates(zerohop: str, target: str, size_gib: int) -> dict:
-    out = subprocess.run([zerohop, "bench", "checkpoint", "--size", f"{size_gib}GiB", "--dir", target, "--json"],
+    out = subprocess.run([lab_binary(zerohop), "checkpoint", "--size", f"{size_gib}GiB", "--dir", target, "--json"],
                          capture_output=True, text=True, check=True).stdout
     b = json.loads(out)
     return {"raw_write_gbps": max(r["gbps"] for r in b["raw_write_from_ram"]),

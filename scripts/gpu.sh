@@ -22,8 +22,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 stage() {
     rm -rf .stage && mkdir -p .stage/bin .stage/tests
-    CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p zerohop-cli -p zerohop-preload
-    cp target/release/zerohop target/release/libzerohop_preload.so .stage/bin/
+    CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p zerohop-cli -p zerohop-lab -p zerohop-preload
+    cp target/release/zerohop target/release/zerohop-lab target/release/libzerohop_preload.so .stage/bin/
     # The S3-compatible server of the s3 step (scripts/test.sh builds it).
     [ -x .tools/bin/s3s-fs ] && cp .tools/bin/s3s-fs .stage/bin/
     # The write and pinning probe of the write-probe step.
@@ -166,7 +166,7 @@ device() {
             for round in 1 2 3; do
                 for t in 16 32 64; do
                     for b in 4MiB 16MiB; do
-                        echo "raw-get round $round threads $t block $b $(zerohop bench raw-read $obj --threads $t --block $b --json)"
+                        echo "raw-get round $round threads $t block $b $(zerohop-lab raw-read $obj --threads $t --block $b --json)"
                     done
                 done
                 echo "load round $round default $(zerohop load $obj --device cuda --json)"
@@ -188,7 +188,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # memory saved to a server over tmpfs (s3s-fs, or Garage with
             # ZEROHOP_S3_SERVER=garage) and restored, against the server's
             # raw multipart upload and ranged GET rates and with the
-            # process's resident memory sampled (bench checkpoint).
+            # process's resident memory sampled (zerohop-lab checkpoint).
             # Host memory touched once first (as much as a bench stores),
             # so no upload into tmpfs pays the VM's first-touch cost.
             ZEROHOP_WARM_GIB=${ZEROHOP_WARM_GIB:-72} warm_memory
@@ -207,7 +207,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             for n in 1 2; do
                 # shellcheck disable=SC2016 # expanded by the inner shell
                 python3 bench/peers_s3.py "$server" /dev/shm -- bash -c '
-                    zerohop bench checkpoint --size "${ZEROHOP_S3_CKPT_SIZE:-16GiB}" --dir s3://models/ckpt \
+                    zerohop-lab checkpoint --size "${ZEROHOP_S3_CKPT_SIZE:-16GiB}" --dir s3://models/ckpt \
                         --rounds "${ZEROHOP_S3_CKPT_ROUNDS:-2}" --device cuda ${ZEROHOP_S3_CKPT_ARGS:-} 2>&1' | sed -u "s/^/server $n: /"
             done | while IFS= read -r line; do echo "$(date -u +%T) $line"; done | tee "$OUT/s3-checkpoint.txt"
             kill $vmstat $top 2> /dev/null || true
@@ -257,7 +257,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
         cold-sweep)
             # Cold settings, each read once: ZEROHOP_COLD_LOADS and
             # ZEROHOP_COLD_RAW are ';'-separated option sets for `zerohop
-            # load` and `zerohop bench raw-read`, taking turns; run as one
+            # load` and `zerohop-lab raw-read`, taking turns; run as one
             # round of cold-patterns (below), which does the fresh files.
             IFS=';' read -ra loads <<< "${ZEROHOP_COLD_LOADS:-}"
             IFS=';' read -ra raws <<< "${ZEROHOP_COLD_RAW:-}"
@@ -361,7 +361,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # zerohop alone: 16 GiB saved and restored, tmpfs twice, disk once,
             # each against the raw write/read rates measured in the same run.
             for target in /dev/shm /dev/shm /var/tmp; do
-                zerohop bench checkpoint --size "${ZEROHOP_CKPT_GIB:-16}GiB" --dir "$target" | tee -a "$OUT/bench-checkpoint.txt"
+                zerohop-lab checkpoint --size "${ZEROHOP_CKPT_GIB:-16}GiB" --dir "$target" | tee -a "$OUT/bench-checkpoint.txt"
             done
             ;;
         agent)
@@ -369,10 +369,10 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
             # GPU memory (IPC handle, non-zero offset, verified) against the
             # in-process engine, hot and cold; then 32 clients x 10,000 I/Os.
             ensure_hot; ensure_disk
-            zerohop bench agent $HOT --repeat 3 | tee "$OUT/bench-agent-hot.txt"
-            zerohop bench agent $DISK --cold --repeat 2 | tee "$OUT/bench-agent-cold.txt"
-            zerohop bench agent $HOT --repeat 2 --vmm | tee "$OUT/bench-agent-vmm.txt"
-            zerohop bench agent-stress --clients 32 --ios 10000 --dir /dev/shm/zerohop-stress | tee "$OUT/agent-stress.txt"
+            zerohop-lab agent $HOT --repeat 3 | tee "$OUT/bench-agent-hot.txt"
+            zerohop-lab agent $DISK --cold --repeat 2 | tee "$OUT/bench-agent-cold.txt"
+            zerohop-lab agent $HOT --repeat 2 --vmm | tee "$OUT/bench-agent-vmm.txt"
+            zerohop-lab agent-stress --clients 32 --ios 10000 --dir /dev/shm/zerohop-stress | tee "$OUT/agent-stress.txt"
             ;;
         python)
             # The Python package's tests, torch and GPU ones included.
@@ -435,7 +435,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
                         $bin load $url --device cuda 2>&1 | grep -E "GB/s|error"
                     done
                     echo "--- round $round: raw GETs"
-                    zerohop bench raw-read $url --threads 32 --block 16MiB 2>&1 | grep -E "GB/s|error"
+                    zerohop-lab raw-read $url --threads 32 --block 16MiB 2>&1 | grep -E "GB/s|error"
                 done' $HOT 2>&1 | tee "$OUT/compare-s3-load.txt"
             ;;
         compare-save)
@@ -448,7 +448,7 @@ print(f'{n / s / 1e9:.2f} GB/s {s:.3f} s {len(m)} tensors')")"
                 /var/tmp:.stage/bin/zerohop /var/tmp:.before/zerohop; do
                 dir=${run%%:*} bin=${run#*:}
                 echo "--- $bin: 16 GiB checkpoint save to $dir" | tee -a "$OUT/compare-save.txt"
-                $bin bench checkpoint --size 16GiB --dir $dir 2>&1 \
+                "${bin}-lab" checkpoint --size 16GiB --dir $dir 2>&1 \
                     | grep -E "^(limit|save|restore|result|checksum|host|zerohop: error|warning)" | tee -a "$OUT/compare-save.txt"
             done
             ;;

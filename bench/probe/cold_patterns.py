@@ -7,13 +7,13 @@ rounds; ratios are paired per round against the first pattern.
 
 Patterns:
   read:BLOCK:THREADS:direct|buffered  threads with one blocking pread each,
-                                      one shared cursor (as `bench raw-read`)
+                                      one shared cursor (as `zerohop-lab raw-read`)
   ahead:BLOCK:THREADS:AHEAD           buffered readers as above, plus a thread
                                       that keeps POSIX_FADV_WILLNEED up to
                                       AHEAD bytes ahead of the cursor
   seq:BLOCK:THREADS                   buffered readers after POSIX_FADV_SEQUENTIAL
   zerohop:OPTIONS                     `zerohop load FILE --json OPTIONS`
-  raw:OPTIONS                         `zerohop bench raw-read FILE --json OPTIONS`
+  raw:OPTIONS                         `zerohop-lab raw-read FILE --json OPTIONS`
 (OPTIONS with spaces, e.g. "zerohop:--direct never --threads 8").
 
     python3 bench/probe/cold_patterns.py --dir /var/tmp --rounds 3 PATTERN...
@@ -22,6 +22,7 @@ import argparse
 import json
 import mmap
 import os
+import shutil
 import statistics
 import subprocess
 import threading
@@ -107,7 +108,7 @@ def measure(pattern: str, path: str, zerohop: str) -> tuple[float, float]:
     """(GB/s, CPU seconds) of one cold read of `path`."""
     kind, _, rest = pattern.partition(":")
     if kind in ("zerohop", "raw"):
-        cmd = [zerohop, "load", path, "--json"] if kind == "zerohop" else [zerohop, "bench", "raw-read", path, "--json"]
+        cmd = [zerohop, "load", path, "--json"] if kind == "zerohop" else [os.path.join(os.path.dirname(os.path.abspath(shutil.which(zerohop) or zerohop)), "zerohop-lab"), "raw-read", path, "--json"]
         r = json.loads(subprocess.run(cmd + rest.split(), check=True, capture_output=True, text=True).stdout)
         return r["gbps"], r["cpu_seconds"]
     parts = rest.split(":")

@@ -1,11 +1,11 @@
 //! `zerohop agent`: run the I/O agent in the foreground, or ask one for its
 //! status.
 
-use crate::size::human_bytes;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use zerohop::{Error, ErrorKind, Result};
 use zerohop_agent::{default_socket_path, AgentConfig};
+use zerohop_cmd::size::human_bytes;
 
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]

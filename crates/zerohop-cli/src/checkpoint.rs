@@ -1,8 +1,5 @@
 //! `zerohop checkpoint save|restore|verify|ls|rm`.
 
-use crate::common::EngineArgs;
-use crate::progress::bytes_bar;
-use crate::size::human_bytes;
 use crate::verify::{compare_with_files, Placed};
 use clap::Subcommand;
 use serde::Serialize;
@@ -12,6 +9,9 @@ use zerohop::staging::StagingConfig;
 use zerohop::storage::SourceFile;
 use zerohop::{Engine, Error, ErrorKind, Result, TransferStats};
 use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions};
+use zerohop_cmd::engine_args::EngineArgs;
+use zerohop_cmd::progress::bytes_bar;
+use zerohop_cmd::size::human_bytes;
 
 #[derive(Subcommand, Debug)]
 pub enum CheckpointCommand {

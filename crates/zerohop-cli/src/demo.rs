@@ -3,18 +3,18 @@
 //! error, or Ctrl-C, too) unless `--keep` is given.
 
 use crate::checkpoint;
-use crate::common::EngineArgs;
 use crate::load::{self, LoadArgs};
-use crate::size::{human_bytes, ByteSize};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use zerohop::{Error, Result};
 use zerohop_checkpoint::Location;
+use zerohop_cmd::engine_args::EngineArgs;
+use zerohop_cmd::size::{human_bytes, ByteSize};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// Size of the demo model (the checkpoint takes as much again); not 0.
-    #[arg(long, default_value_t = ByteSize(1 << 30), value_parser = |s: &str| crate::size::parse_length(s).map(ByteSize))]
+    #[arg(long, default_value_t = ByteSize(1 << 30), value_parser = |s: &str| zerohop_cmd::size::parse_length(s).map(ByteSize))]
     size: ByteSize,
     /// Where to make the demo's working directory (default: the system
     /// temp directory).
@@ -56,7 +56,7 @@ fn steps(a: &DemoArgs, dir: &Path) -> Result<()> {
         "== generating a {} transformer-shaped model",
         human_bytes(a.size.0)
     );
-    crate::gen::run(&crate::gen::GenArgs::model(&model, a.size.0))?;
+    zerohop_cmd::gen::run(&zerohop_cmd::gen::GenArgs::model(&model, a.size.0))?;
     println!("== loading it with verification");
     let args = LoadArgs {
         files: vec![model.clone()],

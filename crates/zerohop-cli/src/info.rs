@@ -1,9 +1,9 @@
 //! `zerohop info`: what this machine supports and why.
 
-use crate::size::human_bytes;
 use std::path::Path;
 use zerohop::machine::MachineInfo;
 use zerohop::{Error, Result};
+use zerohop_cmd::size::human_bytes;
 
 pub fn run(path: Option<&Path>, json: bool) -> Result<()> {
     if let Some(p) = path {

@@ -1,8 +1,5 @@
 //! `zerohop load`: files into device memory, optionally compared afterwards.
 
-use crate::common::EngineArgs;
-use crate::progress::bytes_bar;
-use crate::size::human_bytes;
 use crate::verify::{compare_with_files, Placed};
 use clap::Args;
 use serde::Serialize;
@@ -10,6 +7,9 @@ use std::path::PathBuf;
 use zerohop::safetensors::{self, Allocation};
 use zerohop::storage::SourceFile;
 use zerohop::{Engine, Error, Result, TransferStats};
+use zerohop_cmd::engine_args::EngineArgs;
+use zerohop_cmd::progress::bytes_bar;
+use zerohop_cmd::size::human_bytes;
 
 #[derive(Args, Debug)]
 pub struct LoadArgs {

@@ -1,17 +1,14 @@
 //! `zerohop`: move bytes between files and GPU memory at the hardware
-//! limit (loads, checkpoints), and measure it.
+//! limit (loads, checkpoints), and measure it on this machine. The
+//! developers' benchmarks are another program, `zerohop-lab`.
 
 mod agent;
 mod bench;
 mod checkpoint;
-mod common;
 mod demo;
-mod gen;
 mod info;
 mod load;
 mod process;
-mod progress;
-mod size;
 mod suspend;
 mod verify;
 
@@ -43,15 +40,15 @@ enum Command {
     },
     /// Write a synthetic transformer-shaped safetensors model (random values):
     /// bf16 or fp8, dense or of many small tensors, one file or shards.
-    Gen(gen::GenArgs),
+    Gen(zerohop_cmd::gen::GenArgs),
     /// Load raw files or safetensors shards into device memory.
     Load(load::LoadArgs),
     /// Save, restore, verify, list and delete checkpoints of device memory.
     #[command(subcommand)]
     Checkpoint(checkpoint::CheckpointCommand),
-    /// Benchmarks against the machine's limits.
+    /// This machine's rates: a load beside the limits it is judged against.
     #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    Bench(BenchCommand),
     /// Run the I/O agent that serves other processes (`agent status`: ask one).
     Agent(agent::AgentArgs),
     /// Ask a process to write its suspendable GPU memory to a checkpoint
@@ -73,6 +70,12 @@ enum Command {
     Demo(demo::DemoArgs),
 }
 
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Time loads of FILE against the pinned H2D limit and the raw read rate.
+    Load(bench::BenchLoadArgs),
+}
+
 fn main() -> ExitCode {
     // Die quietly on a closed pipe (`zerohop ... | head`), like other Unix
     // tools, instead of panicking inside println!.
@@ -83,10 +86,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { path, json } => info::run(path.as_deref(), json),
-        Command::Gen(args) => gen::run(&args),
+        Command::Gen(args) => zerohop_cmd::gen::run(&args),
         Command::Load(args) => load::run(&args),
         Command::Checkpoint(cmd) => checkpoint::run(cmd),
-        Command::Bench(cmd) => bench::run(cmd),
+        Command::Bench(BenchCommand::Load(args)) => bench::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Agent(args) => agent::run(args),
         Command::Suspend(args) => suspend::suspend(&args),

@@ -9,7 +9,6 @@
 //! written last: what was done, and that the rest of the process's GPU
 //! state sits in its host memory until a restore (or a CRIU dump).
 
-use crate::size::human_bytes;
 use crate::suspend::{absolute, ask_suspend, serves_suspend};
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -18,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use zerohop::storage::atomic::{commit_new, create_dir_durable, temp_sibling};
 use zerohop::{Error, ErrorKind, Result};
+use zerohop_cmd::size::human_bytes;
 use zerohop_cuda::{ProcessCheckpoint, ProcessState};
 use zerohop_wire::suspend::SuspendRequest;
 

@@ -2,10 +2,10 @@
 //! that serves its suspendable GPU memory (Python: `zerohop.serve_suspend`)
 //! to write it to storage and hand it back, or to take it back.
 
-use crate::size::human_bytes;
 use clap::Args;
 use std::path::{Path, PathBuf};
 use zerohop::{Error, ErrorKind, Result};
+use zerohop_cmd::size::human_bytes;
 use zerohop_wire::control::{encode, recv, send};
 use zerohop_wire::socket::connect;
 use zerohop_wire::suspend::{decode_suspend_reply, socket_path, SuspendReply, SuspendRequest};

@@ -1,10 +1,10 @@
 //! Comparing what a transfer placed in device memory with the files (or
 //! objects) the bytes came from (`load --verify`, `checkpoint restore --against`).
 
-use crate::progress::bytes_bar;
 use std::path::PathBuf;
 use zerohop::storage::SourceFile;
 use zerohop::{DeviceBuffer, Engine, Result};
+use zerohop_cmd::progress::bytes_bar;
 
 /// Destination ranges and where their bytes come from, for `--verify`.
 pub(crate) struct Placed {

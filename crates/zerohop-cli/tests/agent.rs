@@ -200,61 +200,6 @@ fn host_and_simulated_device_buffers_round_trip() {
 }
 
 #[test]
-fn many_clients_at_once() {
-    let dir = TempDir::new("stress");
-    // `auto` is the GPU where there is one, else host memory.
-    for memory in ["host", "sim", "auto"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_zerohop"))
-            .args([
-                "bench",
-                "agent-stress",
-                "--clients",
-                "6",
-                "--ios",
-                "400",
-                "--device",
-                memory,
-                "--dir",
-            ])
-            .arg(&dir.0)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(text.contains("2400 completed"), "{text}");
-    }
-}
-
-#[test]
-fn a_stress_client_takes_the_common_device_words() {
-    let agent = Agent::start(&[]);
-    let dir = TempDir::new("client-words");
-    for memory in ["cpu", "host", "sim"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_zerohop"))
-            .args(["bench", "agent-client", "--ios", "50", "--seed", "3"])
-            .args(["--memory", memory, "--socket"])
-            .arg(&agent.socket)
-            .arg("--file")
-            .arg(dir.0.join(memory))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{memory}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(report["completions"], 50, "{memory}: {report}");
-        assert_eq!(report["mismatches"], 0, "{memory}: {report}");
-        assert_eq!(report["errors"], 0, "{memory}: {report}");
-    }
-}
-
-#[test]
 fn bad_entries_get_error_completions_and_the_session_goes_on() {
     let agent = Agent::start(&[]);
     let dir = TempDir::new("bad");

@@ -2,17 +2,18 @@
 //! against, all measured in the same run: pinned host->device copy bandwidth
 //! and the raw read rate of the same file into host memory.
 
-use super::raw_io::{raw_read, warm, RAW_BLOCK};
-use crate::common::{EngineArgs, HotArg};
-use crate::size::human_bytes;
 use clap::Args;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 use zerohop::cache_drop::{drop_from_page_cache, CacheDrop};
 use zerohop::safetensors::{self, Allocation};
 use zerohop::storage::{BackendKind, IoMode};
 use zerohop::{Device, Engine, Error, Result, TransferStats};
+use zerohop_cmd::engine_args::{EngineArgs, HotArg};
+use zerohop_cmd::raw_io::{raw_read, warm, RAW_BLOCK};
+use zerohop_cmd::size::human_bytes;
 
 #[derive(Args, Debug)]
 pub struct BenchLoadArgs {
@@ -99,61 +100,19 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
     let h2d = h2d_probe.run(H2dProbe::ROUNDS)?;
     say(format!("limit    {copy_limit}: {h2d:.2} GB/s"));
 
-    let mut cache_drop = None;
-    let mut prepare = || -> Result<()> {
-        if a.cold {
-            let (how, left) = drop_from_page_cache(&a.file)
-                .map_err(|e| Error::io(&a.file, "cannot drop cache of", e))?;
-            cache_drop = Some(how);
-            if left > 0.01 {
-                eprintln!(
-                    "warning: {:.0}% of the file stayed in the page cache",
-                    left * 100.0
-                );
-            }
-        } else {
-            warm(&a.file)?;
-        }
-        Ok(())
+    let mut page_cache = PageCache {
+        file: &a.file,
+        cold: a.cold,
+        dropped_with: None,
     };
-
     let threads = a.engine.config().io_threads;
-    let mut raw_reads = Vec::new();
-    let modes: &[(BackendKind, IoMode)] = if a.cold {
-        &[
-            (BackendKind::IoUring, IoMode::Direct),
-            (BackendKind::IoUring, IoMode::Buffered),
-            (BackendKind::Pread, IoMode::Buffered),
-        ]
-    } else {
-        &[(BackendKind::Auto, IoMode::Buffered)]
-    };
-    // The storage side's best: each mode at 1x, 2x and 4x the engine's
-    // thread count, so the limit we compare against is not a weak one.
-    for &(backend, io) in modes {
-        for t in [threads, 2 * threads, 4 * threads] {
-            prepare()?;
-            match raw_read(&[&a.file], backend, io, t, RAW_BLOCK) {
-                Ok(r) => {
-                    let (name, gbps) = (r.backend, r.gbps);
-                    say(format!("limit    raw read into host memory ({name}, {io:?}, {t} threads): {gbps:.2} GB/s"));
-                    raw_reads.push(Limit {
-                        name: format!("{name} {io:?} x{t}"),
-                        gbps,
-                    });
-                }
-                Err(e) => say(format!(
-                    "limit    raw read ({backend:?}, {io:?}) not measured: {e}"
-                )),
-            }
-        }
-    }
+    let raw_reads = raw_read_limits(&a.file, a.cold, threads, &mut page_cache, &say)?;
     let best_raw = raw_reads.iter().map(|l| l.gbps).fold(0.0, f64::max);
     // The staged hot route reads the page cache and feeds the GPU at once,
     // and both draw on host memory bandwidth: measure them side by side.
     let mut contended = None;
     if !a.cold && matches!(device.kind(), zerohop::DeviceKind::Cuda(_)) {
-        prepare()?;
+        page_cache.prepare()?;
         let (read, copy) = std::thread::scope(|s| {
             let copier = s.spawn(|| h2d_probe.run(2 * H2dProbe::ROUNDS));
             let read = raw_read(
@@ -174,46 +133,13 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
         });
     }
 
-    let mut routes = vec![(a.engine.hot_route, "auto")];
-    if a.compare_routes && !a.cold {
-        routes = vec![
-            (HotArg::Auto, "auto"),
-            (HotArg::Mapped, "mapped"),
-            (HotArg::Staged, "staged"),
-            (HotArg::Dma, "page-cache dma"),
-        ];
-    }
-    let mut runs = Vec::new();
-    let mut staging_bytes = 0;
-    for (route, label) in routes {
-        let mut args = a.engine.clone();
-        args.hot_route = route;
-        let engine = Engine::new(device.clone(), args.config())?;
-        for i in 0..a.repeat.max(1) {
-            prepare()?;
-            let stats = load_once(&engine, &a.file)?;
-            staging_bytes = staging_bytes.max(stats.staging_bytes);
-            say(format!(
-                "run      {label:<15} #{i}: {:.2} GB/s ({:.3} s) via {}",
-                stats.gbps, stats.seconds, stats.path
-            ));
-            say(format!("profile  {}", stats.profile.describe()));
-            for n in &stats.notes {
-                say(format!("note     {n}"));
-            }
-            runs.push(Run {
-                route: label.to_string(),
-                gbps: stats.gbps,
-                stats,
-            });
-        }
-    }
+    let (runs, staging_bytes) = timed_loads(a, &device, &mut page_cache, &say)?;
     let best = runs.iter().map(|r| r.gbps).fold(0.0, f64::max);
     let report = Report {
         file: a.file.display().to_string(),
         bytes: size,
         mode,
-        cache_drop,
+        cache_drop: page_cache.dropped_with,
         device: device.describe(),
         h2d_pinned_gbps: h2d,
         raw_reads,
@@ -236,11 +162,123 @@ pub fn run(a: &BenchLoadArgs) -> Result<()> {
             human_bytes(staging_bytes),
             human_bytes(a.engine.config().staging.total_bytes as u64)
         );
-        if let Some(how) = cache_drop {
+        if let Some(how) = report.cache_drop {
             println!("cold     page cache emptied with {how:?} before each timed read");
         }
     }
     Ok(())
+}
+
+/// What each timed read starts from: the file dropped from the page cache
+/// (cold), or read into it (hot).
+struct PageCache<'a> {
+    file: &'a Path,
+    cold: bool,
+    /// How the file was dropped, the last time it was.
+    dropped_with: Option<CacheDrop>,
+}
+
+impl PageCache<'_> {
+    fn prepare(&mut self) -> Result<()> {
+        if !self.cold {
+            return warm(self.file);
+        }
+        let (how, left) = drop_from_page_cache(self.file)
+            .map_err(|e| Error::io(self.file, "cannot drop cache of", e))?;
+        self.dropped_with = Some(how);
+        if left > 0.01 {
+            eprintln!(
+                "warning: {:.0}% of the file stayed in the page cache",
+                left * 100.0
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The storage side's best: each read mode at 1x, 2x and 4x the engine's
+/// thread count, so the limit a load is compared against is not a weak one.
+fn raw_read_limits(
+    file: &Path,
+    cold: bool,
+    threads: usize,
+    page_cache: &mut PageCache<'_>,
+    say: &dyn Fn(String),
+) -> Result<Vec<Limit>> {
+    let modes: &[(BackendKind, IoMode)] = if cold {
+        &[
+            (BackendKind::IoUring, IoMode::Direct),
+            (BackendKind::IoUring, IoMode::Buffered),
+            (BackendKind::Pread, IoMode::Buffered),
+        ]
+    } else {
+        &[(BackendKind::Auto, IoMode::Buffered)]
+    };
+    let mut limits = Vec::new();
+    for &(backend, io) in modes {
+        for t in [threads, 2 * threads, 4 * threads] {
+            page_cache.prepare()?;
+            match raw_read(&[file], backend, io, t, RAW_BLOCK) {
+                Ok(r) => {
+                    let (name, gbps) = (r.backend, r.gbps);
+                    say(format!("limit    raw read into host memory ({name}, {io:?}, {t} threads): {gbps:.2} GB/s"));
+                    limits.push(Limit {
+                        name: format!("{name} {io:?} x{t}"),
+                        gbps,
+                    });
+                }
+                Err(e) => say(format!(
+                    "limit    raw read ({backend:?}, {io:?}) not measured: {e}"
+                )),
+            }
+        }
+    }
+    Ok(limits)
+}
+
+/// `--repeat` timed loads per hot route (the engine's, or each with
+/// `--compare-routes`); returns them and the most staging any held.
+fn timed_loads(
+    a: &BenchLoadArgs,
+    device: &Arc<dyn Device>,
+    page_cache: &mut PageCache<'_>,
+    say: &dyn Fn(String),
+) -> Result<(Vec<Run>, u64)> {
+    let mut routes = vec![(a.engine.hot_route, "auto")];
+    if a.compare_routes && !a.cold {
+        routes = vec![
+            (HotArg::Auto, "auto"),
+            (HotArg::Mapped, "mapped"),
+            (HotArg::Staged, "staged"),
+            (HotArg::Dma, "page-cache dma"),
+        ];
+    }
+    let mut runs = Vec::new();
+    let mut staging_bytes = 0;
+    for (route, label) in routes {
+        let mut args = a.engine.clone();
+        args.hot_route = route;
+        let engine = Engine::new(device.clone(), args.config())?;
+        for i in 0..a.repeat.max(1) {
+            page_cache.prepare()?;
+            let stats = load_once(&engine, &a.file)?;
+            staging_bytes = staging_bytes.max(stats.staging_bytes);
+            say(format!(
+                "run      {label:<15} #{i}: {:.2} GB/s ({:.3} s) via {}",
+                stats.gbps, stats.seconds, stats.path
+            ));
+            say(format!("profile  {}", stats.profile.describe()));
+            for n in &stats.notes {
+                say(format!("note     {n}"));
+            }
+            runs.push(Run {
+                route: label.to_string(),
+                gbps: stats.gbps,
+                stats,
+            });
+        }
+    }
+    Ok((runs, staging_bytes))
 }
 
 fn load_once(engine: &Engine, file: &Path) -> Result<TransferStats> {

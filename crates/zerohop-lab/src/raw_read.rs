@@ -2,14 +2,14 @@
 //! configuration (block size, reads in flight, O_DIRECT or the page
 //! cache), cold: files into host memory only, no device, no engine.
 
-use super::raw_io::raw_read;
-use crate::size::{human_bytes, ByteSize};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 use std::path::PathBuf;
 use zerohop::cache_drop::{drop_from_page_cache, CacheDrop};
 use zerohop::storage::{BackendKind, IoMode};
 use zerohop::{Error, Result};
+use zerohop_cmd::raw_io::raw_read;
+use zerohop_cmd::size::{human_bytes, ByteSize};
 
 #[derive(Args, Debug)]
 pub struct BenchRawReadArgs {

@@ -3,12 +3,9 @@
 //! upload and ranged GET rates measured in the same run, and the process's
 //! host memory while it saves and restores.
 
-use super::checkpoint::{
-    compare, conclude, fill_random, fill_regions, random_block, save_lines, stamp,
-    BenchCheckpointArgs, Rate,
+use crate::checkpoint::{
+    compare, conclude, fill_regions, random_block, save_lines, stamp, BenchCheckpointArgs, Rate,
 };
-use super::raw_io::raw_read;
-use crate::size::human_bytes;
 use serde::Serialize;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,6 +14,8 @@ use std::time::{Duration, Instant};
 use zerohop::storage::{BackendKind, IoMode};
 use zerohop::{Engine, Error, Result, TransferStats};
 use zerohop_checkpoint::{self as ckpt, SaveOptions};
+use zerohop_cmd::raw_io::{fill_random, raw_read};
+use zerohop_cmd::size::human_bytes;
 use zerohop_s3::{MultipartUpload, S3Client, S3Config, S3Url};
 
 #[derive(Serialize)]

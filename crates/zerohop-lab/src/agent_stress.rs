@@ -2,7 +2,7 @@
 //! and writes through one agent, every I/O checked; and one such client
 //! (`bench agent-client`, hidden, run by it).
 
-use super::agent::{io_err, AgentProcess};
+use crate::agent::{io_err, AgentProcess};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -77,8 +77,8 @@ pub fn stress(a: &BenchAgentStressArgs) -> Result<()> {
     };
     std::fs::create_dir_all(&a.dir).map_err(|e| Error::io(&a.dir, "cannot create", e))?;
     let agent = AgentProcess::start(&agent_device)?;
-    let exe =
-        std::env::current_exe().map_err(|e| Error::io(Path::new("zerohop"), "cannot find", e))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::io(Path::new("zerohop-lab"), "cannot find", e))?;
     println!(
         "stress   {} client processes x {} mixed I/Os, buffers in {memory}",
         a.clients, a.ios
@@ -89,7 +89,6 @@ pub fn stress(a: &BenchAgentStressArgs) -> Result<()> {
         let path = a.dir.join(format!("client-{i}.bin"));
         let child = Command::new(&exe)
             .args([
-                "bench",
                 "agent-client",
                 "--ios",
                 &a.ios.to_string(),

@@ -2,9 +2,6 @@
 //! restore it, beside the raw O_DIRECT write and read rates of the same
 //! directory measured in the same run.
 
-use super::raw_io::{raw_read_files, raw_write_files, Source};
-use crate::common::EngineArgs;
-use crate::size::human_bytes;
 use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -12,18 +9,21 @@ use std::time::Instant;
 use zerohop::cache_drop::{drop_from_page_cache, CacheDrop};
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Result};
 use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions, Saved};
+use zerohop_cmd::engine_args::EngineArgs;
+use zerohop_cmd::raw_io::{fill_random, raw_read_files, raw_write_files, Source};
+use zerohop_cmd::size::human_bytes;
 
 #[derive(Args, Debug)]
 pub struct BenchCheckpointArgs {
     /// Device memory to checkpoint, e.g. 16GiB (GiB: 1024^3, GB: 10^9); not 0.
-    #[arg(long, value_parser = crate::size::parse_length)]
+    #[arg(long, value_parser = zerohop_cmd::size::parse_length)]
     pub size: u64,
     /// Directory to save into (its file system is what is measured), or
     /// s3://bucket/[prefix] (the object store is).
     #[arg(long)]
     pub dir: PathBuf,
     /// Size of each region (tensor) of the checkpoint.
-    #[arg(long, value_parser = crate::size::parse_length, default_value = "256MiB")]
+    #[arg(long, value_parser = zerohop_cmd::size::parse_length, default_value = "256MiB")]
     pub region: u64,
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -75,13 +75,8 @@ pub(super) struct Rate {
 /// or stale bytes show on comparison.
 const BLOCK: usize = 64 << 20;
 
+/// The bench for a directory (`checkpoint_s3` has an object store's).
 pub fn run(a: &BenchCheckpointArgs) -> Result<()> {
-    if a.region == 0 || a.size == 0 {
-        return Err(Error::invalid("--size and --region must be positive"));
-    }
-    if let Some(url) = a.dir.to_str().filter(|d| zerohop_s3::is_s3_url(d)) {
-        return super::checkpoint_s3::run(a, url);
-    }
     if a.rounds != 1 {
         return Err(Error::invalid(
             "--rounds is for s3:// targets: a directory's bench runs once",
@@ -291,18 +286,6 @@ pub(super) fn random_block() -> Vec<u8> {
     let mut v = vec![0u8; BLOCK];
     fill_random(&mut v);
     v
-}
-
-/// Fills `bytes` (whole 8-byte words of it) with the same pseudo-random
-/// sequence each time: data no file system or object store shrinks.
-pub(super) fn fill_random(bytes: &mut [u8]) {
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    for c in bytes.chunks_exact_mut(8) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        c.copy_from_slice(&s.to_le_bytes());
-    }
 }
 
 /// Piece `g` (the g-th 64 MiB of all regions): the block rotated by a

@@ -13,15 +13,15 @@ use zerohop::storage::{self, BackendKind, IoMode, SourceFile};
 use zerohop::{Error, Result};
 
 /// Bytes per read of the benchmarks' own raw reads.
-pub(super) const RAW_BLOCK: usize = 8 << 20;
+pub const RAW_BLOCK: usize = 8 << 20;
 
 /// Reads the whole file once so it sits in the page cache.
-pub(super) fn warm(path: &Path) -> Result<()> {
+pub fn warm(path: &Path) -> Result<()> {
     raw_read(&[path], BackendKind::Pread, IoMode::Buffered, 4, RAW_BLOCK).map(|_| ())
 }
 
 /// What a raw read did.
-pub(super) struct RawRead {
+pub struct RawRead {
     /// The read backend (`io_uring`, `pread`).
     pub backend: &'static str,
     pub bytes: u64,
@@ -38,7 +38,7 @@ pub(super) struct RawRead {
 /// With `IoMode::Direct`, `block` must be a multiple of 4096, and a file
 /// system that refuses O_DIRECT is an error. An `s3://` name is read by
 /// ranged GETs of `block` bytes (see `zerohop_s3`), `backend` unused.
-pub(super) fn raw_read(
+pub fn raw_read(
     paths: &[&Path],
     backend: BackendKind,
     mode: IoMode,
@@ -158,7 +158,7 @@ impl Drop for AlignedBuf {
 
 /// Where a raw writer's bytes come from.
 #[derive(Clone, Copy)]
-pub(super) enum Source {
+pub enum Source {
     /// One 8 MiB buffer per writer, written again and again: it stays in
     /// the CPU's caches, so the file system alone sets the rate.
     Cached,
@@ -188,7 +188,7 @@ impl std::fmt::Display for Source {
 /// Bytes per raw write call.
 const RAW_PIECE: usize = 8 << 20;
 
-pub(super) struct RawFiles {
+pub struct RawFiles {
     pub paths: Vec<PathBuf>,
     pub how: &'static str,
     pub gbps: f64,
@@ -198,12 +198,7 @@ pub(super) struct RawFiles {
 /// each, 8 MiB at a time from `source` with O_DIRECT (buffered where
 /// refused), then fsyncs them and the directory: the storage side's write
 /// limit.
-pub(super) fn raw_write_files(
-    dir: &Path,
-    total: u64,
-    threads: usize,
-    source: Source,
-) -> Result<RawFiles> {
+pub fn raw_write_files(dir: &Path, total: u64, threads: usize, source: Source) -> Result<RawFiles> {
     let per = total
         .div_ceil(threads as u64)
         .next_multiple_of(RAW_PIECE as u64);
@@ -229,7 +224,7 @@ pub(super) fn raw_write_files(
             .map(|p| {
                 s.spawn(move || -> Result<()> {
                     let mut buf = AlignedBuf::new(source.bytes_per_writer());
-                    super::checkpoint::fill_random(buf.as_mut_slice());
+                    fill_random(buf.as_mut_slice());
                     let opened = open(p);
                     ready.wait();
                     let f: File = opened?;
@@ -260,7 +255,7 @@ pub(super) fn raw_write_files(
 /// Reads the raw files back after dropping them from the page cache, with
 /// `threads` readers (io_uring, O_DIRECT where allowed) taking 8 MiB pieces
 /// of any file: the storage side's read limit, read the way restores read.
-pub(super) fn raw_read_files(paths: &[PathBuf], threads: usize) -> Result<(String, f64)> {
+pub fn raw_read_files(paths: &[PathBuf], threads: usize) -> Result<(String, f64)> {
     for p in paths {
         drop_from_page_cache(p).map_err(|e| Error::io(p, "cannot drop the cache of", e))?;
     }
@@ -282,4 +277,16 @@ pub(super) fn raw_read_files(paths: &[PathBuf], threads: usize) -> Result<(Strin
 fn create(path: &Path, extra: OFlags) -> std::io::Result<File> {
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC | extra;
     Ok(rustix::fs::open(path, flags, Mode::from_raw_mode(0o666))?.into())
+}
+
+/// Fills `bytes` (whole 8-byte words of it) with the same pseudo-random
+/// sequence each time: data no file system or object store shrinks.
+pub fn fill_random(bytes: &mut [u8]) {
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    for c in bytes.chunks_exact_mut(8) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        c.copy_from_slice(&s.to_le_bytes());
+    }
 }

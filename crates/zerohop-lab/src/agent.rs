@@ -2,8 +2,6 @@
 //! agent (another process) against the in-process engine, same file, same
 //! run; and the agent child process the agent benchmarks start.
 
-use crate::common::open_device_or_host;
-use crate::size::{human_bytes, parse_length};
 use clap::Args;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -13,6 +11,8 @@ use zerohop::cache_drop::drop_from_page_cache;
 use zerohop::plan::TransferPlan;
 use zerohop::{Device, DeviceBuffer, DeviceKind, Engine, EngineConfig, Error, ErrorKind, Result};
 use zerohop_client::{Client, Submission};
+use zerohop_cmd::engine_args::open_device_or_host;
+use zerohop_cmd::size::{human_bytes, parse_length};
 use zerohop_wire::ring::OP_READ;
 
 #[derive(Args, Debug)]
@@ -38,18 +38,36 @@ pub struct BenchAgentArgs {
 
 /// A `zerohop agent` child process on a private socket, stopped with
 /// SIGTERM (and killed if still running when dropped).
-pub(super) struct AgentProcess {
+pub(crate) struct AgentProcess {
     child: Child,
     pub(super) socket: PathBuf,
+}
+
+/// The `zerohop` binary that serves as the agent: `ZEROHOP_BIN`, else the
+/// one beside this program (cargo builds both into one directory).
+fn zerohop_binary() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("ZEROHOP_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let me = std::env::current_exe()
+        .map_err(|e| Error::io(Path::new("zerohop-lab"), "cannot find", e))?;
+    let beside = me.with_file_name("zerohop");
+    if !beside.is_file() {
+        return Err(Error::invalid(format!(
+            "no zerohop binary beside {} to run the agent: build it (cargo build -p zerohop-cli) \
+             or name one in ZEROHOP_BIN",
+            me.display()
+        )));
+    }
+    Ok(beside)
 }
 
 impl AgentProcess {
     pub(super) fn start(device: &str) -> Result<Self> {
         let socket =
             std::env::temp_dir().join(format!("zerohop-bench-agent-{}.sock", std::process::id()));
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::io(Path::new("zerohop"), "cannot find", e))?;
-        let child = Command::new(exe)
+        let exe = zerohop_binary()?;
+        let child = Command::new(&exe)
             .args([
                 "agent",
                 "--log-level",
@@ -61,7 +79,7 @@ impl AgentProcess {
             .arg(&socket)
             .stdin(Stdio::null())
             .spawn()
-            .map_err(|e| Error::io(&socket, "cannot start an agent for", e))?;
+            .map_err(|e| Error::io(&exe, "cannot start an agent with", e))?;
         let mut agent = AgentProcess { child, socket };
         let deadline = Instant::now() + Duration::from_secs(60);
         while zerohop_wire::socket::connect(&agent.socket).is_err() {
@@ -256,7 +274,7 @@ fn prepare_cache(file: &Path, cold: bool) -> Result<String> {
             left * 100.0
         ));
     }
-    super::raw_io::warm(file)?;
+    zerohop_cmd::raw_io::warm(file)?;
     Ok("hot".into())
 }
 
