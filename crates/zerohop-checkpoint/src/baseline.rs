@@ -1,6 +1,6 @@
 //! The parent an incremental save compares its chunks with.
 
-use crate::store::Location;
+use crate::location::Location;
 use std::collections::HashMap;
 use zerohop::{Error, Result};
 

@@ -17,18 +17,20 @@
 
 mod baseline;
 mod checksums;
-mod hashing;
 mod layout;
 mod local;
+mod location;
 mod manifest;
 mod request;
 mod restore;
 mod save;
 mod store;
 mod verify;
+mod write_step;
 
 pub use checksums::ChecksumSite;
 pub use local::LocalStore;
+pub use location::{check_checkpoint_name, list_checkpoints, Location};
 pub use manifest::{
     checksum_hex, chunk_checksum, Chunk, DataFile, Entry, Manifest, Piece, FORMAT, MANIFEST_FILE,
     MAX_MANIFEST_BYTES, VERSION,
@@ -36,7 +38,5 @@ pub use manifest::{
 pub use request::{Region, SaveOptions, DEFAULT_CHUNK_BYTES};
 pub use restore::{restore, restore_into, Restored};
 pub use save::{save, Saved};
-pub use store::{
-    check_checkpoint_name, list_checkpoints, CheckpointStore, Location, NewCheckpoint,
-};
+pub use store::{CheckpointStore, NewCheckpoint};
 pub use verify::{dependents, remove, verify, Verified};

@@ -6,7 +6,6 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
 use zerohop::safetensors::Dtype;
 use zerohop::{Error, ErrorKind, Result};
 
@@ -175,10 +174,8 @@ impl Manifest {
         Ok(m)
     }
 
-    /// Reads `dir/manifest.json`.
-    pub fn read(dir: &Path) -> Result<Manifest> {
-        crate::Location::dir(dir)?.manifest()
-    }
+    // `Manifest::read`, from a checkpoint directory, is in `location`: it
+    // reads through the checkpoint's `Location`.
 
     /// Total bytes of all entries.
     pub fn bytes(&self) -> u64 {

@@ -1,6 +1,6 @@
 //! What a save is asked for: the regions of device memory, and how.
 
-use crate::store::Location;
+use crate::location::Location;
 use std::collections::BTreeMap;
 use zerohop::safetensors::{Dtype, TensorToSave};
 use zerohop::DeviceBuffer;

@@ -2,9 +2,9 @@
 //! pipeline into device memory, checking every chunk's checksum in the
 //! staging slot before it is copied on.
 
+use crate::location::Location;
 use crate::manifest::{chunk_checksum, Manifest, Piece};
 use crate::save::check_geometry;
-use crate::store::Location;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use zerohop::plan::TransferPlan;

@@ -6,11 +6,12 @@
 
 use crate::baseline::Baseline;
 use crate::checksums::ChecksumSite;
-use crate::hashing::write_hashed;
 use crate::layout::SaveLayout;
+use crate::location::Location;
 use crate::manifest::{Manifest, CHECKSUM, FORMAT, VERSION};
 use crate::request::{Region, SaveOptions};
-use crate::store::{Location, NewCheckpoint};
+use crate::store::NewCheckpoint;
+use crate::write_step::write_hashed;
 use std::time::Instant;
 use zerohop::{Engine, Error, ErrorKind, Progress, Result, TransferStats};
 

@@ -1,8 +1,8 @@
 //! Checking a stored checkpoint without a GPU, and removing one safely.
 
+use crate::location::Location;
 use crate::manifest::checksum_hex;
 use crate::restore::Sources;
-use crate::store::Location;
 use std::hash::Hasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;

@@ -1,4 +1,4 @@
-//! The save's hashing step: writes the data files while every chunk is
+//! The save's write step: writes the data files while every chunk is
 //! checksummed, on the device where it can hash (during the writes, or
 //! before them when an incremental save needs the sums to pick what to
 //! write), else on the host as each chunk passes through staging.

@@ -59,8 +59,11 @@ impl fmt::Display for CudaError {
 
 impl std::error::Error for CudaError {}
 
+/// Result of a CUDA driver call.
+pub type Result<T> = std::result::Result<T, CudaError>;
+
 /// Turns a driver status into a `Result`, naming the call.
-pub(crate) fn check(status: CUresult, call: &'static str) -> crate::Result<()> {
+pub(crate) fn check(status: CUresult, call: &'static str) -> Result<()> {
     if status == CUresult::CUDA_SUCCESS {
         return Ok(());
     }

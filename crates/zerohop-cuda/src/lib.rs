@@ -14,7 +14,7 @@ mod driver;
 mod error;
 mod ipc;
 mod memory;
-pub mod next;
+pub mod next_symbol;
 mod process;
 mod stream;
 mod vmm;
@@ -22,12 +22,9 @@ mod vmm;
 pub use checksum::{DeviceRange, KernelImage, Xxh3Kernel, XXH3_KERNEL_MIN_BYTES};
 pub use context::Context;
 pub use driver::{DeviceInfo, Driver};
-pub use error::{CudaError, CudaErrorKind};
+pub use error::{CudaError, CudaErrorKind, Result};
 pub use ipc::{allocation_range, export_ipc, IpcExport, IpcHandleBytes, IpcMapping};
 pub use memory::{DeviceAllocation, DevicePtr, HostRegistration, PinnedBuffer};
 pub use process::{ProcessCheckpoint, ProcessState};
 pub use stream::{synchronize_foreign_stream, Event, Stream};
 pub use vmm::{export_vmm, Reservation, VmmAllocation, VmmExport, VmmMapping};
-
-/// Result of a CUDA driver call.
-pub type Result<T> = std::result::Result<T, CudaError>;

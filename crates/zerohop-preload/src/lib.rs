@@ -24,7 +24,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use zerohop::device::CudaDevice;
 use zerohop::{Engine, EngineConfig, ErrorKind};
-use zerohop_cuda::next;
+use zerohop_cuda::next_symbol;
 use zerohop_suspend::control::{self, ControlServer, QuietPoint};
 use zerohop_suspend::SuspendableHeap;
 
@@ -111,7 +111,7 @@ fn make(device: c_int) -> zerohop::Result<Preloaded> {
 /// failure is out of memory to the caller, as the driver's own would be.
 fn allocate(
     size: usize,
-    current_device: Option<next::GetDeviceFn>,
+    current_device: Option<next_symbol::GetDeviceFn>,
     write: impl FnOnce(u64),
 ) -> Option<c_int> {
     let get = current_device.filter(|_| size > 0)?;
@@ -136,7 +136,7 @@ fn heap_free(addr: u64) -> Option<c_int> {
     if !p.heap.owns(addr) {
         return None;
     }
-    let synced = next::cuda_device_synchronize().map(|f| {
+    let synced = next_symbol::cuda_device_synchronize().map(|f| {
         // SAFETY: the runtime's own function, no arguments.
         unsafe { f() }
     });
@@ -167,7 +167,7 @@ fn guarded(f: impl FnOnce() -> c_int) -> c_int {
 pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int {
     GATE.pass();
     guarded(|| {
-        let Some(real) = next::cuda_malloc() else {
+        let Some(real) = next_symbol::cuda_malloc() else {
             return INVALID_VALUE;
         };
         // The runtime's own first call makes its context current on this
@@ -175,13 +175,15 @@ pub unsafe extern "C" fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int
         // is the runtime's way of doing only that.
         RUNTIME_READY.with(|ready| {
             if !ready.replace(true) {
-                if let Some(free) = next::cuda_free() {
+                if let Some(free) = next_symbol::cuda_free() {
                     // SAFETY: freeing null frees nothing.
                     unsafe { free(std::ptr::null_mut()) };
                 }
             }
         });
-        let device = (!ptr.is_null()).then(next::cuda_get_device).flatten();
+        let device = (!ptr.is_null())
+            .then(next_symbol::cuda_get_device)
+            .flatten();
         // SAFETY: the caller's out-pointer, checked non-null.
         allocate(size, device, |addr| unsafe { *ptr = addr as *mut c_void })
             // SAFETY: the caller's arguments, forwarded.
@@ -198,7 +200,7 @@ pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> c_int {
     GATE.pass();
     guarded(|| match heap_free(ptr as u64) {
         Some(status) => status,
-        None => match next::cuda_free() {
+        None => match next_symbol::cuda_free() {
             // SAFETY: the caller's argument, forwarded.
             Some(real) => unsafe { real(ptr) },
             None => INVALID_VALUE,
@@ -212,7 +214,7 @@ pub unsafe extern "C" fn cudaFree(ptr: *mut c_void) -> c_int {
 /// As the runtime's.
 #[no_mangle]
 pub unsafe extern "C" fn cudaDeviceSynchronize() -> c_int {
-    let status = match next::cuda_device_synchronize() {
+    let status = match next_symbol::cuda_device_synchronize() {
         // SAFETY: the runtime's own function, no arguments.
         Some(real) => unsafe { real() },
         None => INVALID_VALUE,
@@ -229,10 +231,12 @@ pub unsafe extern "C" fn cudaDeviceSynchronize() -> c_int {
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> c_int {
     GATE.pass();
     guarded(|| {
-        let Some(real) = next::cu_mem_alloc() else {
+        let Some(real) = next_symbol::cu_mem_alloc() else {
             return INVALID_VALUE;
         };
-        let device = (!dptr.is_null()).then(next::cu_ctx_get_device).flatten();
+        let device = (!dptr.is_null())
+            .then(next_symbol::cu_ctx_get_device)
+            .flatten();
         // SAFETY: the caller's out-pointer, checked non-null.
         allocate(size, device, |addr| unsafe { *dptr = addr })
             // SAFETY: the caller's arguments, forwarded.
@@ -249,7 +253,7 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: u64) -> c_int {
     GATE.pass();
     guarded(|| match heap_free(dptr) {
         Some(status) => status,
-        None => match next::cu_mem_free() {
+        None => match next_symbol::cu_mem_free() {
             // SAFETY: the caller's argument, forwarded.
             Some(real) => unsafe { real(dptr) },
             None => INVALID_VALUE,
@@ -284,7 +288,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     status: *mut c_int,
 ) -> c_int {
-    let Some(real) = next::cu_get_proc_address_v2() else {
+    let Some(real) = next_symbol::cu_get_proc_address_v2() else {
         return INVALID_VALUE;
     };
     // SAFETY: the caller's arguments, forwarded.
@@ -307,7 +311,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
     version: c_int,
     flags: u64,
 ) -> c_int {
-    let Some(real) = next::cu_get_proc_address() else {
+    let Some(real) = next_symbol::cu_get_proc_address() else {
         return INVALID_VALUE;
     };
     // SAFETY: the caller's arguments, forwarded.

@@ -5,7 +5,6 @@
 
 use crate::config::{AddressingStyle, S3Config};
 use crate::location::S3Url;
-use crate::range::RangeReader;
 use crate::retry::RetryPolicy;
 use rusty_s3::actions::{ListObjectsV2, S3Action};
 use rusty_s3::{Bucket, Credentials, UrlStyle};
@@ -160,27 +159,6 @@ impl S3Client {
             },
             other => other,
         }
-    }
-
-    /// Reads `buf.len()` bytes of `key` from `offset` (fewer only where the
-    /// object ends first: `len` is its length) into `buf`, straight from the
-    /// connection. `etag` must still be the object's: a replaced object is
-    /// an error.
-    pub fn read_range(
-        &self,
-        key: &str,
-        etag: &str,
-        len: u64,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> Result<usize> {
-        let want = len.saturating_sub(offset).min(buf.len() as u64) as usize;
-        let mut range = RangeReader::new(self, key, etag, offset, offset + want as u64);
-        let mut got = 0;
-        while got < want {
-            got += range.read_some(&mut buf[got..want])?;
-        }
-        Ok(want)
     }
 
     /// A response carrying bytes `offset .. end` of `key` (`end` past

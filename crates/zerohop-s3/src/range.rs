@@ -1,5 +1,6 @@
 //! A byte range of one version of an object, read in order from as few
-//! requests as the connection allows.
+//! requests as the connection allows ([`RangeReader`], and
+//! [`S3Client::read_range`] on it).
 
 use crate::client::{to_io, S3Client};
 use std::borrow::Borrow;
@@ -84,5 +85,29 @@ impl<C: Borrow<S3Client>> RangeReader<C> {
 impl<C: Borrow<S3Client>> Read for RangeReader<C> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.read_some(buf).map_err(to_io)
+    }
+}
+
+/// Ranged reads into a caller's buffer, built on `RangeReader`.
+impl S3Client {
+    /// Reads `buf.len()` bytes of `key` from `offset` (fewer only where the
+    /// object ends first: `len` is its length) into `buf`, straight from the
+    /// connection. `etag` must still be the object's: a replaced object is
+    /// an error.
+    pub fn read_range(
+        &self,
+        key: &str,
+        etag: &str,
+        len: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let want = len.saturating_sub(offset).min(buf.len() as u64) as usize;
+        let mut range = RangeReader::new(self, key, etag, offset, offset + want as u64);
+        let mut got = 0;
+        while got < want {
+            got += range.read_some(&mut buf[got..want])?;
+        }
+        Ok(want)
     }
 }

@@ -1,5 +1,47 @@
 //! Helpers for this crate's unit tests.
 
+use rustix::fs::OFlags;
+use std::fs::File;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// A fresh file holding `data`, alone in a directory of its own (see
+/// [`remove_test_file`]).
+pub(crate) fn test_file(name: &str, data: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("zerohop-fds-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, data).unwrap();
+    path
+}
+
+/// Removes a [`test_file`] with its directory.
+pub(crate) fn remove_test_file(test_file: &Path) {
+    std::fs::remove_dir_all(test_file.parent().unwrap()).unwrap();
+}
+
+/// `path` opened non-blocking (as a client of the agent may pass it), for
+/// writing or else for reading.
+pub(crate) fn non_blocking(path: &Path, write: bool) -> File {
+    std::fs::OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .custom_flags(OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+        .unwrap()
+}
+
+/// The file status flags of `file` (`fcntl(F_GETFL)`).
+pub(crate) fn status_flags(file: &File) -> OFlags {
+    rustix::fs::fcntl_getfl(file).unwrap()
+}
+
+/// The file behind `file`: its device and inode.
+pub(crate) fn identity(file: &File) -> (u64, u64) {
+    let meta = file.metadata().unwrap();
+    (meta.dev(), meta.ino())
+}
+
 /// A new file of `len` bytes (sparse), open for reading and writing, its
 /// name already removed from the temporary directory: gone when dropped.
 pub(crate) fn unlinked_file(tag: &str, len: u64) -> std::fs::File {

@@ -2,7 +2,7 @@
 //! (a kernel on a GPU), kept apart from [`Device`]'s copies because only
 //! checkpoints need it.
 
-use super::DeviceBuffer;
+use super::buffer::DeviceBuffer;
 use crate::Result;
 
 /// Hashes chunks of a device's memory without the host reading them.

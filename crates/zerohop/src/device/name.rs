@@ -82,11 +82,24 @@ impl DeviceName {
     }
 
     /// Opens the named device (`auto` as [`DeviceName::resolve`] says).
+    /// `sim` is refused here: the simulated device is a test double, built
+    /// by `zerohop::testing`, whose own `DeviceName::open` (in builds with
+    /// the `testing` feature) stands in for this one and opens it.
+    #[cfg(not(feature = "testing"))]
     pub fn open(self) -> Result<Arc<dyn Device>> {
+        self.open_real()
+    }
+
+    /// Opens the named device if it is a real one (`auto` as
+    /// [`DeviceName::resolve`] says); `sim` is an error.
+    pub(crate) fn open_real(self) -> Result<Arc<dyn Device>> {
         match self.resolve()? {
             DeviceName::Cuda(n) => Ok(Arc::new(open_gpu(n)?)),
             DeviceName::Host | DeviceName::Auto => Ok(Arc::new(HostDevice::new())),
-            DeviceName::Sim => open_sim(),
+            DeviceName::Sim => Err(Error::invalid(
+                "the simulated device (sim) is for tests: build zerohop with the `testing` feature, \
+                 or use host memory (host)",
+            )),
         }
     }
 }
@@ -106,22 +119,8 @@ pub fn open_gpu(ordinal: usize) -> Result<CudaDevice> {
     })
 }
 
-#[cfg(feature = "testing")]
-fn open_sim() -> Result<Arc<dyn Device>> {
-    Ok(Arc::new(crate::testing::SimDevice::new(
-        crate::testing::SimConfig::default(),
-    )))
-}
-
-#[cfg(not(feature = "testing"))]
-fn open_sim() -> Result<Arc<dyn Device>> {
-    Err(Error::invalid(
-        "the simulated device (sim) is for tests: build zerohop with the `testing` feature, \
-         or use host memory (host)",
-    ))
-}
-
-/// Opens the device named by `spec` (see [`DEVICE_HELP`]).
+/// Opens the device named by `spec` (see [`DEVICE_HELP`]), as
+/// [`DeviceName::open`] does.
 pub fn open_device(spec: &str) -> Result<Arc<dyn Device>> {
     spec.parse::<DeviceName>()?.open()
 }
@@ -181,12 +180,5 @@ mod tests {
             Err(e) => assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}"),
             Ok(_) => panic!("cuda:99 opened"),
         }
-    }
-
-    #[cfg(feature = "testing")]
-    #[test]
-    fn sim_opens_the_simulated_device() {
-        let dev = DeviceName::Sim.open().unwrap();
-        assert!(dev.describe().contains("simulated"));
     }
 }

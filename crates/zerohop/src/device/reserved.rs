@@ -3,7 +3,7 @@
 //! storage needs, so that pointers the program holds (in its own data, in
 //! kernels' arguments, in captured graphs) stay valid across a suspend.
 
-use super::DeviceAddr;
+use super::buffer::DeviceAddr;
 use crate::{Error, ErrorKind, Result};
 use std::ffi::c_void;
 

@@ -1,6 +1,5 @@
 //! The engine's settings.
 
-use super::route::HotRoute;
 use crate::staging::StagingConfig;
 use crate::storage::BackendKind;
 
@@ -14,6 +13,23 @@ pub enum DirectIo {
     Always,
     /// Always through the page cache.
     Never,
+}
+
+/// Which route hot files (already in the page cache) take. Page-cache DMA
+/// runs only on devices that copy by DMA (GPUs); elsewhere hot files take
+/// the mapped-copy route, and with `PageCacheDma` a note says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HotRoute {
+    /// Mapped copies, or page-cache DMA where the engine measures that
+    /// faster on this machine (devices that copy by DMA only).
+    Auto,
+    /// The CPU copies out of the file's mapping into staging slots.
+    Mapped,
+    /// `read()` into staging slots (the kernel copies out of the page cache).
+    Staged,
+    /// The GPU copies from the registered page-cache pages.
+    PageCacheDma,
 }
 
 /// Engine settings; the defaults suit the reference machine (see README).
@@ -59,7 +75,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             staging: StagingConfig::default(),
-            io_threads: crate::machine::available_cpus().clamp(2, 16),
+            io_threads: crate::machine::cpus::available_cpus().clamp(2, 16),
             // Ranged GETs of an 8.33 GB object from a local S3 server on
             // the reference H200 machine: 16 MiB x 32 in flight ran at
             // 3.06 - 3.71 GB/s, 4 MiB x 16 (one slot per request) at

@@ -2,7 +2,7 @@
 //! when it is given a file for it, across processes (so a fresh process does
 //! not pay for measuring again).
 
-use super::route::Route;
+use crate::plan::Route;
 use crate::storage::atomic;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

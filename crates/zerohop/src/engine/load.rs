@@ -1,11 +1,16 @@
 //! Loads: the planned extents go through the read pipeline, each file on
-//! its route, the hot route measured first where it is still unknown.
+//! its route, the hot route measured first where it is still unknown (and
+//! remembered in `hot_choice`).
 
+use super::config::HotRoute;
+use super::hot_choice::{self, HotChoice};
+use super::page_cache_dma;
 use super::read_pipeline::{self, Job, Moved, ReadCheck, Worker};
-use super::route::{FileRoute, Route, NO_DMA_NOTE};
-use super::{page_cache_dma, Engine, HotRoute, Progress};
+use super::route::{FileRoute, NO_DMA_NOTE};
+use super::workers::Progress;
+use super::Engine;
 use crate::device::wait_for_buffer_streams;
-use crate::plan::{work_items, Extent, TransferPlan, WindowCaps};
+use crate::plan::{split_extents, work_items, Extent, Route, TransferPlan, WindowCaps};
 use crate::staging::StagingPool;
 use crate::stats::TransferStats;
 use crate::storage::SourceFile;
@@ -14,15 +19,15 @@ use std::time::Instant;
 
 /// What one or more pipeline runs of a transfer did.
 #[derive(Default)]
-pub(super) struct Phase {
+struct Phase {
     moved: Moved,
     windows: usize,
     threads: usize,
-    pub(super) notes: Vec<String>,
+    notes: Vec<String>,
 }
 
 impl Phase {
-    pub(super) fn absorb(&mut self, o: Phase) {
+    fn absorb(&mut self, o: Phase) {
         self.moved.add(o.moved);
         self.windows += o.windows;
         self.threads = self.threads.max(o.threads);
@@ -117,8 +122,64 @@ impl Engine {
         Ok(stats)
     }
 
+    /// The route for hot files, and the hot extents still to move. With
+    /// `HotRoute::Auto` and no earlier measurement, the first transfer with
+    /// enough hot bytes moves a probe's worth by each route (mapped copies,
+    /// then page-cache DMA), timing both; the faster takes the rest, and
+    /// later transfers (and processes, with `hot_choice_file`).
+    fn choose_hot_route(
+        &self,
+        files: &[SourceFile],
+        hot: Vec<Extent>,
+        pool: &mut StagingPool,
+        progress: Option<Progress<'_>>,
+        done: &mut Phase,
+    ) -> Result<(Route, Vec<Extent>)> {
+        if hot.is_empty() {
+            return Ok((Route::MappedCopy, hot));
+        }
+        if let Some(choice) = *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) {
+            let kept = self
+                .config
+                .hot_choice_file
+                .as_ref()
+                .map_or(String::new(), |p| format!(" (kept in {})", p.display()));
+            done.notes.push(format!(
+                "hot route measured earlier{kept}: {}",
+                choice.describe()
+            ));
+            return Ok((choice.route(), hot));
+        }
+        let probe = self.config.hot_probe_bytes;
+        if hot.iter().map(|e| e.len).sum::<u64>() < 4 * probe {
+            // Too little to measure: mapped copies, which pin no
+            // page-cache pages and won on the reference machine.
+            return Ok((Route::MappedCopy, hot));
+        }
+        let (a, rest) = split_extents(&hot, probe);
+        let (b, rest) = split_extents(&rest, probe);
+        let mut timed = |extents: Vec<Extent>, route: Route| -> Result<f64> {
+            let t = Instant::now();
+            done.absorb(self.run_phase(files, &extents, |_| route, pool, None, progress)?);
+            Ok(probe as f64 / t.elapsed().as_secs_f64() / 1e9)
+        };
+        let choice = HotChoice {
+            mapped_gbps: timed(a, Route::MappedCopy)?,
+            dma_gbps: timed(b, Route::PageCacheDma)?,
+        };
+        done.notes.push(format!(
+            "hot route measured on this transfer: {}",
+            choice.describe()
+        ));
+        *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) = Some(choice);
+        if let Some(file) = &self.config.hot_choice_file {
+            hot_choice::store(file, &self.hot_choice_key, choice);
+        }
+        Ok((choice.route(), rest))
+    }
+
     /// One pipeline run over `extents`, each file taking `route_of(file)`.
-    pub(super) fn run_phase(
+    fn run_phase(
         &self,
         files: &[SourceFile],
         extents: &[Extent],

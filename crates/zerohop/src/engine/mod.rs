@@ -1,9 +1,10 @@
 //! The engine: one per device. It owns the staging pool and the read and
-//! write backends. Its rooms: `route` chooses each file's route (and
-//! measures the hot route, remembered in `hot_choice`); `load` runs loads
-//! through `read_pipeline`, for which `page_cache_dma` maps the files of
-//! the mapped-copy and page-cache DMA routes; `write` runs saves through `write_pipeline`; `workers` is what the
-//! two pipelines share; `config` the settings.
+//! write backends. Its rooms: `route` chooses each file's route; `load`
+//! runs loads through `read_pipeline` (measuring the hot route first where
+//! it must, remembered in `hot_choice`), for which `page_cache_dma` maps
+//! the files of the mapped-copy and page-cache DMA routes; `write` runs
+//! saves through `write_pipeline`; `workers` is what the two pipelines
+//! share; `config` the settings.
 
 mod claims;
 mod config;
@@ -16,9 +17,8 @@ mod workers;
 mod write;
 mod write_pipeline;
 
-pub use config::{DirectIo, EngineConfig};
+pub use config::{DirectIo, EngineConfig, HotRoute};
 pub use read_pipeline::ReadCheck;
-pub use route::HotRoute;
 pub use workers::Progress;
 pub use write_pipeline::WriteFilter;
 

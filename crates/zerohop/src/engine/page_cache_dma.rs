@@ -11,8 +11,7 @@
 //! mapping, which the CPU copies out of instead (guarded: see
 //! `GuardedMapping`).
 
-use super::route::{Route, STAGED};
-use crate::plan::Extent;
+use crate::plan::{Extent, Route, STAGED};
 use crate::storage::{GuardedMapping, SourceFile};
 
 /// The mapping of every file whose route reads one (mapped copies,

@@ -9,10 +9,9 @@
 //! has been waited for: no copy outlives the memory it reads.
 
 use super::page_cache_dma::populate;
-use super::route::Route;
 use super::workers::{assert_fits, run_workers, Progress, QueuePool};
 use crate::device::{CopyQueue, Device, Fence, HostPin};
-use crate::plan::{Extent, Window, WindowCopy, WorkItem};
+use crate::plan::{Extent, Route, Window, WindowCopy, WorkItem};
 use crate::staging::StagingShare;
 use crate::stats::WorkerProfile;
 use crate::storage::{BlockReader, GuardedMapping, IoMode, ReadBackend, RemoteStream, SourceFile};

@@ -1,35 +1,13 @@
 //! Route choice: how each file's bytes travel to the device. The routes are
 //! one family: [`HotRoute`] is the setting for files already in the page
-//! cache, [`FileRoute`] a file's route before the hot route is measured,
-//! and [`Route`] (a part of the plan) how one window's bytes finally travel.
+//! cache, [`FileRoute`] a file's route before the hot route is measured
+//! (which loads do: see `load`), and [`Route`] (a part of the plan) how one
+//! window's bytes finally travel.
 
-use super::hot_choice::{self, HotChoice};
-use super::load::Phase;
-use super::{DirectIo, Engine, Progress};
-pub(crate) use crate::plan::{Route, STAGED};
-
-use crate::plan::{split_extents, Extent};
-use crate::staging::StagingPool;
+use super::config::{DirectIo, HotRoute};
+use super::Engine;
+use crate::plan::{Route, STAGED};
 use crate::storage::{IoMode, SourceFile};
-use crate::Result;
-use std::time::Instant;
-
-/// Which route hot files (already in the page cache) take. Page-cache DMA
-/// runs only on devices that copy by DMA (GPUs); elsewhere hot files take
-/// the mapped-copy route, and with `PageCacheDma` a note says so.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HotRoute {
-    /// Mapped copies, or page-cache DMA where the engine measures that
-    /// faster on this machine (devices that copy by DMA only).
-    Auto,
-    /// The CPU copies out of the file's mapping into staging slots.
-    Mapped,
-    /// `read()` into staging slots (the kernel copies out of the page cache).
-    Staged,
-    /// The GPU copies from the registered page-cache pages.
-    PageCacheDma,
-}
 
 /// A file's route before the hot route is decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,61 +67,5 @@ impl Engine {
             DirectIo::Always => true,
             DirectIo::Auto => !hot(),
         }
-    }
-
-    /// The route for hot files, and the hot extents still to move. With
-    /// `HotRoute::Auto` and no earlier measurement, the first transfer with
-    /// enough hot bytes moves a probe's worth by each route (mapped copies,
-    /// then page-cache DMA), timing both; the faster takes the rest, and
-    /// later transfers (and processes, with `hot_choice_file`).
-    pub(super) fn choose_hot_route(
-        &self,
-        files: &[SourceFile],
-        hot: Vec<Extent>,
-        pool: &mut StagingPool,
-        progress: Option<Progress<'_>>,
-        done: &mut Phase,
-    ) -> Result<(Route, Vec<Extent>)> {
-        if hot.is_empty() {
-            return Ok((Route::MappedCopy, hot));
-        }
-        if let Some(choice) = *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) {
-            let kept = self
-                .config
-                .hot_choice_file
-                .as_ref()
-                .map_or(String::new(), |p| format!(" (kept in {})", p.display()));
-            done.notes.push(format!(
-                "hot route measured earlier{kept}: {}",
-                choice.describe()
-            ));
-            return Ok((choice.route(), hot));
-        }
-        let probe = self.config.hot_probe_bytes;
-        if hot.iter().map(|e| e.len).sum::<u64>() < 4 * probe {
-            // Too little to measure: mapped copies, which pin no
-            // page-cache pages and won on the reference machine.
-            return Ok((Route::MappedCopy, hot));
-        }
-        let (a, rest) = split_extents(&hot, probe);
-        let (b, rest) = split_extents(&rest, probe);
-        let mut timed = |extents: Vec<Extent>, route: Route| -> Result<f64> {
-            let t = Instant::now();
-            done.absorb(self.run_phase(files, &extents, |_| route, pool, None, progress)?);
-            Ok(probe as f64 / t.elapsed().as_secs_f64() / 1e9)
-        };
-        let choice = HotChoice {
-            mapped_gbps: timed(a, Route::MappedCopy)?,
-            dma_gbps: timed(b, Route::PageCacheDma)?,
-        };
-        done.notes.push(format!(
-            "hot route measured on this transfer: {}",
-            choice.describe()
-        ));
-        *self.hot_choice.lock().unwrap_or_else(|p| p.into_inner()) = Some(choice);
-        if let Some(file) = &self.config.hot_choice_file {
-            hot_choice::store(file, &self.hot_choice_key, choice);
-        }
-        Ok((choice.route(), rest))
     }
 }

@@ -23,8 +23,10 @@
 //! Every yes-or-no fact is an [`Availability`]: `why_not` is null exactly
 //! when `available` is true.
 
+pub(crate) mod cpus;
 mod gds;
 
+pub use cpus::available_cpus;
 pub use gds::{gds_support, GdsSupport};
 
 use crate::device::{cuda_driver_summary, CudaDevice, Device};
@@ -140,13 +142,6 @@ impl MachineInfo {
             cpus: available_cpus(),
         }
     }
-}
-
-/// Number of CPUs this process may run on.
-pub fn available_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
 }
 
 /// Whether the kernel lets this process create an io_uring.

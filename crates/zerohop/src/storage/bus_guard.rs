@@ -10,6 +10,9 @@
 //!
 //! The handler allocates nothing and takes no lock: it reads atomics and
 //! makes one `mmap` system call (rustix issues it directly, no libc state).
+//!
+//! Its tests are `mapping`'s, which truncate a real file mapping under a
+//! copy.
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
@@ -107,7 +110,7 @@ impl Drop for BusGuard {
 
 /// Installs the handler unless it is the current SIGBUS action, keeping
 /// the current one to pass other bus errors to.
-fn install() -> io::Result<()> {
+pub(super) fn install() -> io::Result<()> {
     let _one = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
     PAGE.store(rustix::param::page_size(), Ordering::Relaxed);
     let mut current = MaybeUninit::<libc::sigaction>::zeroed();
@@ -208,64 +211,4 @@ fn absorb(addr: usize) -> bool {
         }
     }
     false
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Write;
-
-    /// A mapped file truncated under a CPU read: the read finishes, the
-    /// guard says it faulted, and the process lives.
-    #[test]
-    fn a_truncated_mapping_reads_zeros_and_is_reported() {
-        let page = rustix::param::page_size();
-        let mut file = crate::test_support::unlinked_file("bus-guard", 0);
-        file.write_all(&vec![7u8; 4 * page]).unwrap();
-        let map = crate::storage::FileMapping::new(&file, 4 * page as u64).unwrap();
-        let (ptr, len) = map.range(0, 4 * page as u64);
-        let guard = BusGuard::new(ptr, len).unwrap();
-        let mut out = vec![0u8; len];
-        // SAFETY: the mapping is live and guarded.
-        unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), len) };
-        assert!(!guard.faulted());
-        assert!(out.iter().all(|&b| b == 7));
-        file.set_len(page as u64).unwrap();
-        // SAFETY: as above; the pages past the first now fault and are
-        // replaced with zeros.
-        unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), len) };
-        assert!(guard.faulted());
-        assert!(out[..page].iter().all(|&b| b == 7));
-        assert!(out[page..].iter().all(|&b| b == 0));
-    }
-
-    /// A bus error outside every guarded range still ends the process, as
-    /// it would without the handler (checked in a forked child).
-    #[test]
-    fn other_bus_errors_still_kill() {
-        let page = rustix::param::page_size();
-        let mut file = crate::test_support::unlinked_file("bus-guard", 0);
-        file.write_all(&vec![7u8; 2 * page]).unwrap();
-        let map = crate::storage::FileMapping::new(&file, 2 * page as u64).unwrap();
-        let (ptr, _) = map.range(0, 2 * page as u64);
-        install().unwrap();
-        file.set_len(0).unwrap();
-        // SAFETY: the child only reads the mapping (which faults) and exits;
-        // it touches no lock another thread may hold.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            // SAFETY: reading a live mapping; the fault is the point.
-            let byte = unsafe { std::ptr::read_volatile(ptr) };
-            // SAFETY: _exit is async-signal-safe; reached only if no fault.
-            unsafe { libc::_exit(i32::from(byte)) };
-        }
-        let mut status = 0;
-        // SAFETY: waits for the child just forked.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(
-            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
-            "child status {status:#x}"
-        );
-    }
 }

@@ -5,24 +5,31 @@
 
 pub mod atomic;
 mod bus_guard;
-mod fds;
-mod file;
+mod file_pair;
+mod io_mode;
 mod mapping;
 mod origin;
-pub use origin::Origin;
 mod psync;
+mod read_backend;
+mod remote_object;
+mod remote_stream;
 mod sink;
+mod source_file;
 mod stamp;
 mod uring;
 mod write_mapping;
 
-pub use fds::{blocking, regular_file_len, reopen_direct, FilePair};
-pub(crate) use fds::{open_regular, Access};
-pub(crate) use file::RemoteStream;
-pub use file::{IoMode, RemoteObject, SourceFile};
+pub use file_pair::{blocking, regular_file_len, reopen_direct, FilePair};
+pub(crate) use file_pair::{open_regular, Access};
+pub use io_mode::{IoMode, DIRECT_ALIGN};
 pub use mapping::{page_cache_residency, FileMapping, GuardedMapping};
+pub use origin::Origin;
 pub use psync::PreadBackend;
+pub use read_backend::{BlockReader, ReadBackend};
+pub use remote_object::RemoteObject;
+pub(crate) use remote_stream::RemoteStream;
 pub use sink::{sync_dir, write_mode, PwriteBackend, RemoteSink, SinkFile, WriteBackend};
+pub use source_file::SourceFile;
 pub use uring::{UringBackend, DEFAULT_SEGMENT as DEFAULT_READ_REQUEST};
 pub use write_mapping::WriteMapping;
 
@@ -64,10 +71,6 @@ pub fn in_memory(file: &std::fs::File) -> bool {
         .is_ok_and(|fs| [TMPFS_MAGIC, RAMFS_MAGIC].contains(&(fs.f_type as u64)))
 }
 
-/// Alignment used for O_DIRECT offsets, lengths and buffers. 4 KiB satisfies
-/// every common logical block size (512 B and 4 KiB).
-pub const DIRECT_ALIGN: u64 = 4096;
-
 /// Which backend to read with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -76,26 +79,6 @@ pub enum BackendKind {
     Auto,
     IoUring,
     Pread,
-}
-
-/// A way of reading files; each I/O worker gets its own [`BlockReader`].
-pub trait ReadBackend: Send + Sync {
-    fn name(&self) -> &'static str;
-    fn reader(&self) -> io::Result<Box<dyn BlockReader>>;
-}
-
-/// One worker's reader of local files (see [`SourceFile::read_block`]).
-pub trait BlockReader: Send {
-    /// Fills `buf` from `offset`, stopping early only at end of file.
-    /// Returns the number of bytes read. With `IoMode::Direct`, `offset`,
-    /// `buf.len()` and the buffer address are multiples of [`DIRECT_ALIGN`].
-    fn read_at(
-        &mut self,
-        file: &FilePair,
-        mode: IoMode,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> io::Result<usize>;
 }
 
 /// Picks a backend: io_uring if asked or available, else `pread`.

@@ -2,7 +2,7 @@
 //! remote object. [`SourceFile`](super::SourceFile) and
 //! [`SinkFile`](super::SinkFile) deref to theirs.
 
-use super::FilePair;
+use super::file_pair::FilePair;
 use std::path::{Path, PathBuf};
 
 /// A local file (its descriptors) or a remote object (its label, length

@@ -1,4 +1,6 @@
-use super::{BlockReader, FilePair, IoMode, ReadBackend};
+use super::file_pair::FilePair;
+use super::io_mode::{IoMode, DIRECT_ALIGN};
+use super::read_backend::{BlockReader, ReadBackend};
 use std::io;
 use std::os::unix::fs::FileExt;
 
@@ -35,7 +37,7 @@ impl BlockReader for PreadBackend {
             // O_DIRECT continues only from aligned positions; a short direct
             // read that is not at EOF would leave one, so stop and let the
             // caller decide (it is an error unless the file ended).
-            if mode == IoMode::Direct && done % super::DIRECT_ALIGN as usize != 0 {
+            if mode == IoMode::Direct && done % DIRECT_ALIGN as usize != 0 {
                 break;
             }
         }

@@ -2,9 +2,9 @@
 //! ([`SinkFile`]) and interchangeable write backends of local files
 //! (`pwrite`, and a fault-injecting wrapper).
 
-use super::fds::{blocking, open_regular, Access};
+use super::file_pair::{blocking, open_regular, regular_file_len, reopen_direct, Access, FilePair};
+use super::io_mode::{IoMode, DIRECT_ALIGN};
 use super::origin::Origin;
-use super::{regular_file_len, reopen_direct, FilePair, IoMode, DIRECT_ALIGN};
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -278,4 +278,74 @@ fn extend_to(file: &File, label: &Path, len: u64, min_len: u64) -> Result<u64> {
             .map_err(|e| Error::io(label, "cannot extend", e))?;
     }
     Ok(len.max(min_len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{identity, non_blocking, remove_test_file, status_flags, test_file};
+    use rustix::fs::OFlags;
+
+    #[test]
+    fn a_non_blocking_descriptor_is_written_through_a_blocking_one() {
+        let path = test_file("nonblocking-sink", b"");
+        let client = non_blocking(&path, true);
+        let passed = client.try_clone().unwrap();
+        let sink = SinkFile::from_descriptors(passed, None, Path::new("label"), 8192).unwrap();
+        let fd = sink.local_fds().unwrap().fd_for(IoMode::Buffered);
+        assert!(!status_flags(fd).contains(OFlags::NONBLOCK));
+        assert_eq!(status_flags(fd) & OFlags::ACCMODE, OFlags::WRONLY);
+        assert!(status_flags(&client).contains(OFlags::NONBLOCK));
+        crate::storage::PwriteBackend
+            .write_at(
+                sink.local_fds().unwrap(),
+                IoMode::Buffered,
+                4096,
+                b"written",
+            )
+            .unwrap();
+        let back = std::fs::read(&path).unwrap();
+        assert!(back.len() == 8192 && &back[4096..4103] == b"written");
+        remove_test_file(&path);
+    }
+
+    #[test]
+    fn an_append_only_descriptor_is_refused_for_writes() {
+        let path = test_file("append-sink", b"");
+        let client = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let e = SinkFile::from_descriptors(client, None, Path::new("label"), 8192).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("O_APPEND"), "{e}");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            0,
+            "nothing written"
+        );
+        remove_test_file(&path);
+    }
+
+    /// The O_DIRECT twin of a file opened for update is that very file,
+    /// write-only like it (where the file system allows O_DIRECT at all).
+    #[test]
+    fn the_direct_twin_of_a_sink_is_the_same_file_write_only() {
+        let path = test_file("sink-twin", b"");
+        let sink = SinkFile::open_for_update(&path, 8192).unwrap();
+        // The path now names another file: the twin must not follow it.
+        let other = test_file("sink-other", b"other");
+        std::fs::rename(&other, &path).unwrap();
+        remove_test_file(&other);
+        if sink.direct_capable() {
+            let fds = sink.local_fds().unwrap();
+            let (direct, buffered) = (fds.fd_for(IoMode::Direct), fds.fd_for(IoMode::Buffered));
+            assert!(status_flags(direct).contains(OFlags::DIRECT));
+            assert_eq!(status_flags(direct) & OFlags::ACCMODE, OFlags::WRONLY);
+            assert_eq!(identity(direct), identity(buffered));
+        } else {
+            eprintln!("skipped: this file system refuses O_DIRECT");
+        }
+        remove_test_file(&path);
+    }
 }

@@ -1,91 +1,18 @@
-use super::fds::{blocking, open_regular, Access};
+//! Sources of loads: a local file or a remote object opened for reading
+//! ([`SourceFile`]).
+
+use super::file_pair::{blocking, open_regular, reopen_direct, Access, FilePair};
+use super::io_mode::IoMode;
+use super::mapping::{page_cache_residency, GuardedMapping};
 use super::origin::Origin;
+use super::read_backend::BlockReader;
+use super::remote_object::RemoteObject;
 use super::stamp::FileStamp;
-use super::{BlockReader, FilePair, GuardedMapping};
 use crate::{Error, ErrorKind, Result};
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-
-/// How a file's bytes are read or written: through the page cache or with
-/// O_DIRECT (a storage mode that both staged routes and saves use).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IoMode {
-    /// Through the page cache.
-    Buffered,
-    /// O_DIRECT: storage DMA straight into the staging slot.
-    Direct,
-}
-
-/// Bytes that live away from this machine (an object in an object store),
-/// read by range. Implemented outside the engine (`zerohop-s3`): the engine
-/// reads a [`SourceFile`] made with [`SourceFile::remote`] as it reads a
-/// local one, into its staging slots.
-pub trait RemoteObject: Send + Sync + std::fmt::Debug {
-    /// Fills `buf` from `offset`, stopping early only at the object's end;
-    /// returns the number of bytes read. Fails, saying so, where the object
-    /// is no longer the one opened (replaced meanwhile): never mixed bytes.
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize>;
-
-    /// Bytes `offset .. end` (`end` at most the object's length), to be
-    /// read in order: the read pipeline fills a run of consecutive windows
-    /// from one stream, so the server sees few large requests while host
-    /// memory stays in staging slots. The same guarantee as `read_at`:
-    /// never bytes of another version.
-    fn read_stream(&self, offset: u64, end: u64) -> std::io::Result<Box<dyn Read + Send>>;
-}
-
-/// A run of a remote object's bytes, read window by window in file order
-/// (see [`RemoteObject::read_stream`]).
-pub(crate) struct RemoteStream {
-    bytes: Box<dyn Read + Send>,
-    /// File offset of the next byte `bytes` yields.
-    pos: u64,
-    end: u64,
-}
-
-impl RemoteStream {
-    /// Opens `object`'s bytes `offset .. end`.
-    pub(crate) fn open(object: &dyn RemoteObject, offset: u64, end: u64) -> std::io::Result<Self> {
-        assert!(offset <= end, "a remote stream's range is reversed");
-        Ok(RemoteStream {
-            bytes: object.read_stream(offset, end)?,
-            pos: offset,
-            end,
-        })
-    }
-
-    /// Fills `buf` from `offset` (at or past every byte read so far: what
-    /// lies between is read and dropped), stopping early only where the
-    /// stream ends. Returns the number of bytes read into `buf`.
-    pub(crate) fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
-        assert!(
-            offset >= self.pos,
-            "remote windows are streamed in file order"
-        );
-        let gap = offset - self.pos;
-        let skipped = std::io::copy(&mut (&mut self.bytes).take(gap), &mut std::io::sink())?;
-        self.pos += skipped;
-        if skipped < gap {
-            return Ok(0);
-        }
-        let want = buf.len().min(self.end.saturating_sub(offset) as usize);
-        let mut got = 0;
-        while got < want {
-            match self.bytes.read(&mut buf[got..want]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        self.pos += got as u64;
-        Ok(got)
-    }
-}
 
 /// A source opened for reading: a local file (with an O_DIRECT descriptor
 /// when the file system accepts one) or a remote object.
@@ -118,13 +45,13 @@ impl SourceFile {
         // The O_DIRECT twin reopens this very file, not the path again (which
         // may name something else by now). tmpfs and some FUSE file systems
         // refuse O_DIRECT (EINVAL): then only buffered reads are possible.
-        let direct = super::reopen_direct(&buffered);
+        let direct = reopen_direct(&buffered);
         Ok(Self::local(path, buffered, direct, opened))
     }
 
     /// Reads through descriptors someone else opened (the agent's clients
     /// pass theirs): `buffered` and, where possible, an O_DIRECT twin (see
-    /// [`super::reopen_direct`]). `label` names the file in errors. A
+    /// [`reopen_direct`]). `label` names the file in errors. A
     /// non-blocking descriptor is replaced by a blocking one for the same
     /// file (see [`blocking`]); the caller's stays as it was.
     pub fn from_descriptors(buffered: File, direct: Option<File>, label: &Path) -> Result<Self> {
@@ -234,7 +161,7 @@ impl SourceFile {
         }
         self.local_fds().map_or(0.0, |fds| {
             let fd = fds.fd_for(IoMode::Buffered);
-            super::page_cache_residency(fd, fds.len(), ranges).unwrap_or(0.0)
+            page_cache_residency(fd, fds.len(), ranges).unwrap_or(0.0)
         })
     }
 }
@@ -242,7 +169,12 @@ impl SourceFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{unlinked_file, MemoryObject};
+    use crate::storage::ReadBackend;
+    use crate::test_support::{
+        identity, non_blocking, remove_test_file, status_flags, test_file, unlinked_file,
+        MemoryObject,
+    };
+    use rustix::fs::OFlags;
 
     #[test]
     fn a_file_is_mapped_once_for_all_its_reads_and_an_empty_one_not_at_all() {
@@ -265,28 +197,76 @@ mod tests {
     }
 
     #[test]
-    fn a_remote_stream_fills_windows_in_order_skipping_gaps() {
-        let object = MemoryObject((0..=255u8).collect());
-        let mut s = RemoteStream::open(&object, 10, 200).unwrap();
-        let mut buf = [0u8; 8];
-        assert_eq!(s.read_at(10, &mut buf).unwrap(), 8);
-        assert_eq!(buf, [10, 11, 12, 13, 14, 15, 16, 17]);
-        // A gap is read through; the next window starts past it.
-        assert_eq!(s.read_at(100, &mut buf[..3]).unwrap(), 3);
-        assert_eq!(buf[..3], [100, 101, 102]);
-        // The stream's end cuts the last window short.
-        assert_eq!(s.read_at(196, &mut buf).unwrap(), 4);
-        assert_eq!(buf[..4], [196, 197, 198, 199]);
-        assert_eq!(s.read_at(250, &mut buf).unwrap(), 0);
+    fn a_non_blocking_descriptor_is_read_through_a_blocking_one() {
+        let data: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
+        let path = test_file("nonblocking-source", &data);
+        let client = non_blocking(&path, false);
+        let passed = client.try_clone().unwrap();
+        let direct = reopen_direct(&passed);
+        let file = SourceFile::from_descriptors(passed, direct, Path::new("label")).unwrap();
+        for mode in [IoMode::Buffered, IoMode::Direct] {
+            let fd = file.local_fds().unwrap().fd_for(mode);
+            assert!(!status_flags(fd).contains(OFlags::NONBLOCK), "{mode:?}");
+            assert_eq!(
+                status_flags(fd) & OFlags::ACCMODE,
+                OFlags::RDONLY,
+                "{mode:?}"
+            );
+            assert_eq!(identity(fd), identity(&client), "{mode:?}");
+        }
+        assert!(
+            status_flags(&client).contains(OFlags::NONBLOCK),
+            "the client's own description is left as it was"
+        );
+        let mut backends: Vec<Box<dyn ReadBackend>> = vec![Box::new(crate::storage::PreadBackend)];
+        if let Ok(uring) = crate::storage::UringBackend::probe() {
+            backends.push(Box::new(uring));
+        }
+        for backend in backends {
+            let mut got = vec![0u8; data.len()];
+            let n = file
+                .read_block(
+                    backend.reader().unwrap().as_mut(),
+                    IoMode::Buffered,
+                    0,
+                    &mut got,
+                )
+                .unwrap();
+            assert!(n == data.len() && got == data, "{}", backend.name());
+        }
+        remove_test_file(&path);
+    }
+
+    /// What leaves an open file's bytes as they were is no change: another
+    /// file renamed over its path (an atomic replace, as zerohop's saves
+    /// do) and a chmod, though both change its status change time.
+    #[test]
+    fn an_atomic_replace_of_the_path_or_a_chmod_is_no_change() {
+        use std::os::unix::fs::PermissionsExt;
+        let path = test_file("replaced", &[1u8; 4096]);
+        let file = SourceFile::open(&path).unwrap();
+        // Past the file system's timestamp tick, so a new time would differ.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let other = test_file("replacement", &[2u8; 8192]);
+        std::fs::rename(&other, &path).unwrap();
+        file.check_unchanged().unwrap();
+        remove_test_file(&path);
+        // The replacement's directory, empty now, goes too.
+        remove_test_file(&other);
     }
 
     #[test]
-    #[should_panic(expected = "streamed in file order")]
-    fn a_remote_stream_never_goes_back() {
-        let object = MemoryObject(vec![7; 64]);
-        let mut s = RemoteStream::open(&object, 0, 64).unwrap();
-        let mut buf = [0u8; 16];
-        s.read_at(16, &mut buf).unwrap();
-        s.read_at(8, &mut buf).unwrap();
+    fn a_file_whose_size_reads_as_zero_but_holds_bytes_is_refused() {
+        let err = SourceFile::open(Path::new("/proc/self/status")).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("size reads as 0 bytes but it holds data"),
+            "{err}"
+        );
+        // A really empty file opens, as 0 bytes.
+        let empty = test_file("empty", &[]);
+        assert_eq!(SourceFile::open(&empty).unwrap().len(), 0);
+        remove_test_file(&empty);
     }
 }

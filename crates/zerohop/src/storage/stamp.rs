@@ -1,5 +1,6 @@
-//! Whether a file changed since it was opened, told by its length and its
-//! modification time as one `fstat` gives them.
+//! What one `fstat` tells of an open file: whether it is a regular file,
+//! and whether it changed since it was opened, told by its length and its
+//! modification time.
 
 use crate::stats::human_bytes;
 use std::fs::File;
@@ -25,7 +26,7 @@ impl FileStamp {
         let meta = file
             .metadata()
             .map_err(|e| crate::Error::io(label, "cannot stat", e))?;
-        if let Some(e) = super::fds::not_regular(&meta, label) {
+        if let Some(e) = not_regular(&meta, label) {
             return Err(e);
         }
         Ok(FileStamp {
@@ -55,6 +56,32 @@ impl FileStamp {
             return None;
         })
     }
+}
+
+/// The error for a file that is not regular, naming what it is; `None` for
+/// a regular file.
+pub(super) fn not_regular(meta: &std::fs::Metadata, label: &Path) -> Option<crate::Error> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    let kind = if t.is_file() {
+        return None;
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "a file of an unknown kind"
+    };
+    Some(crate::Error::invalid(format!(
+        "{} is {kind}, not a regular file",
+        label.display()
+    )))
 }
 
 #[cfg(test)]

@@ -1,4 +1,6 @@
-use super::{BlockReader, FilePair, IoMode, ReadBackend};
+use super::file_pair::FilePair;
+use super::io_mode::{IoMode, DIRECT_ALIGN};
+use super::read_backend::{BlockReader, ReadBackend};
 use io_uring::{opcode, types, IoUring};
 use rustix::io::Errno;
 use std::io;
@@ -25,7 +27,7 @@ impl UringBackend {
     }
 
     /// Splits reads into segments of `bytes` (a multiple of
-    /// [`DIRECT_ALIGN`](super::DIRECT_ALIGN), so O_DIRECT reads stay
+    /// [`DIRECT_ALIGN`], so O_DIRECT reads stay
     /// aligned).
     pub fn with_segment(self, bytes: usize) -> Self {
         UringBackend { segment: bytes }
@@ -140,9 +142,7 @@ impl BlockReader for UringReader {
                         s.done += r as usize;
                         // A short O_DIRECT read only happens at end of file;
                         // continuing from an unaligned position would fail.
-                        if mode == IoMode::Direct
-                            && !s.done.is_multiple_of(super::DIRECT_ALIGN as usize)
-                        {
+                        if mode == IoMode::Direct && !s.done.is_multiple_of(DIRECT_ALIGN as usize) {
                             s.eof = true;
                         }
                     }
