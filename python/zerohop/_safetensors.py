@@ -122,19 +122,15 @@ def load_file(
     `s3://bucket/dir/*.safetensors`; the AWS_* settings say where and who
     (see the README)."""
     paths = [os.fspath(filename)] if isinstance(filename, (str, os.PathLike)) else [os.fspath(p) for p in filename]
-    if any(_is_object(p) for p in paths):
+    if any(_native.is_object(p) for p in paths):
         paths = _native.expand_names(paths)
     device = _buffers.device_name(device)
     _, tensors = _headers(paths)
     return _load(list(paths), tensors.values(), device, framework, progress)
 
 
-def _is_object(path: str) -> bool:
-    return path.startswith("s3://")
-
-
 def _stamp(path: str) -> Tuple[Any, ...]:
-    if _is_object(path):
+    if _native.is_object(path):
         return _native.object_stamp(path)
     st = os.stat(path)
     return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -73,7 +73,7 @@ def load(
 
 
 def _refuse_object_store(dir: PathLike) -> None:
-    if os.fspath(dir).startswith("s3://"):
+    if _native.is_object(os.fspath(dir)):
         raise ValueError(f"{os.fspath(dir)}: sharded checkpoints (group=) are written to a shared directory, not yet to an object store")
 
 
@@ -146,7 +146,7 @@ def latest(root: PathLike) -> Optional[str]:
     """The most recently committed checkpoint directly under the local
     directory `root` (a single-process or sharded one; the path), or None.
     A save that never committed (a rank killed meanwhile, say) is not one."""
-    if os.fspath(root).startswith("s3://"):
+    if _native.is_object(os.fspath(root)):
         raise ValueError(f"{os.fspath(root)}: latest() reads local directories; list an object store with ls()")
     found = []
     for entry in os.scandir(root):

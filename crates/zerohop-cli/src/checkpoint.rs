@@ -97,7 +97,7 @@ struct SaveReport<'a> {
 
 /// Where checkpoints are only read or removed, the default part size.
 fn locate_to_read(at: &str) -> Result<Location> {
-    zerohop_s3::checkpoint_at(at, StagingConfig::default().slot_bytes as u64)
+    zerohop_names::checkpoint_at(at, StagingConfig::default().slot_bytes as u64)
 }
 
 pub fn run(cmd: CheckpointCommand) -> Result<()> {
@@ -111,14 +111,14 @@ pub fn run(cmd: CheckpointCommand) -> Result<()> {
             json,
         } => {
             let mut config = engine.config();
-            if zerohop_s3::is_s3_url(&at) {
+            if zerohop::location::is_object(&at) {
                 config = zerohop_s3::config_for_uploads(config);
             }
             let engine = Engine::new(engine.open_device()?, config)?;
             let slot = engine.config().staging.slot_bytes as u64;
-            let at = zerohop_s3::checkpoint_at(&at, slot)?;
+            let at = zerohop_names::checkpoint_at(&at, slot)?;
             let parent = parent
-                .map(|p| zerohop_s3::checkpoint_at(&p, slot))
+                .map(|p| zerohop_names::checkpoint_at(&p, slot))
                 .transpose()?;
             save(&engine, &from, &at, parent, shards, json)
         }
@@ -175,7 +175,7 @@ pub fn run(cmd: CheckpointCommand) -> Result<()> {
 /// Removes the objects a save that died left under `at`, which must have
 /// no manifest. Local saves leave nothing under the checkpoint's name.
 fn remove_unfinished(at: &Location) -> Result<()> {
-    if !zerohop_s3::is_s3_url(&at.to_string()) {
+    if !zerohop::location::is_object(at.to_string()) {
         return Err(Error::invalid(format!(
             "{at}: --unfinished is for object stores; a local save that dies leaves only \
              a temporary directory, which the next save removes"
@@ -386,7 +386,7 @@ fn ls(name: &str, json: bool) -> Result<()> {
 /// Lists the checkpoints in the store `name` names (a directory, or
 /// `s3://bucket/[prefix/]`); `missing` is the error if there are none.
 fn ls_store(name: &str, json: bool, missing: Error) -> Result<()> {
-    let Ok(store) = zerohop_s3::checkpoints_in(name, StagingConfig::default().slot_bytes as u64)
+    let Ok(store) = zerohop_names::checkpoints_in(name, StagingConfig::default().slot_bytes as u64)
     else {
         return Err(missing);
     };

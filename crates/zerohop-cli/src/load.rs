@@ -97,7 +97,7 @@ fn load(
 /// The names to load: object store prefixes and patterns expanded to
 /// every object they name (safetensors shards), other names as given.
 fn expand_names(files: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let remote = |p: &PathBuf| p.to_str().is_some_and(zerohop_s3::is_s3_url);
+    let remote = |p: &PathBuf| p.to_str().is_some_and(zerohop::location::is_object);
     if !files.iter().any(remote) {
         return Ok(files.to_vec());
     }
@@ -105,7 +105,7 @@ fn expand_names(files: &[PathBuf]) -> Result<Vec<PathBuf>> {
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
-    Ok(zerohop_s3::expand(&names, ".safetensors")?
+    Ok(zerohop_names::expand(&names, ".safetensors")?
         .into_iter()
         .map(PathBuf::from)
         .collect())
@@ -126,7 +126,7 @@ pub fn run_on(engine: &Engine, args: &LoadArgs) -> Result<()> {
 /// The names to load (see `expand_names`) and their sources, opened.
 fn open_inputs(files: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<SourceFile>)> {
     let names = expand_names(files)?;
-    let sources = zerohop_s3::open_sources(&names)?;
+    let sources = zerohop_names::open_sources(&names)?;
     Ok((names, sources))
 }
 

@@ -25,7 +25,7 @@ pub fn compare_with_files(engine: &Engine, placed: &[Placed], quiet: bool) -> Re
     let mut open: Option<(PathBuf, SourceFile)> = None;
     for p in placed {
         if open.as_ref().is_none_or(|(path, _)| *path != p.path) {
-            let mut f = zerohop_s3::open_sources(std::slice::from_ref(&p.path))?;
+            let mut f = zerohop_names::open_sources(std::slice::from_ref(&p.path))?;
             open = Some((p.path.clone(), f.remove(0)));
         }
         let file = &open.as_ref().expect("opened above").1;

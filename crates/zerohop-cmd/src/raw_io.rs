@@ -37,7 +37,7 @@ pub struct RawRead {
 /// one shared cursor into a buffer of its own: the storage side's limit.
 /// With `IoMode::Direct`, `block` must be a multiple of 4096, and a file
 /// system that refuses O_DIRECT is an error. An `s3://` name is read by
-/// ranged GETs of `block` bytes (see `zerohop_s3`), `backend` unused.
+/// ranged GETs of `block` bytes (see `zerohop_names`), `backend` unused.
 pub fn raw_read(
     paths: &[&Path],
     backend: BackendKind,
@@ -52,7 +52,7 @@ pub fn raw_read(
             zerohop::storage::DIRECT_ALIGN
         )));
     }
-    let files: Vec<SourceFile> = zerohop_s3::open_sources(paths)?;
+    let files: Vec<SourceFile> = zerohop_names::open_sources(paths)?;
     if mode == IoMode::Direct {
         if let Some(f) = files.iter().find(|f| !f.direct_capable()) {
             return Err(Error::invalid(format!(

@@ -111,7 +111,7 @@ pub fn run(a: &BenchCheckpointArgs, url: &str) -> Result<()> {
                 same_concurrency.push(gbps);
             }
         }
-        let at = zerohop_s3::checkpoint_at(
+        let at = zerohop_names::checkpoint_at(
             &format!("s3://{}/{prefix}{name}-{round}", root.bucket),
             part as u64,
         )?;

@@ -44,10 +44,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let result = match Lab::parse().command {
-        Command::Checkpoint(a) => match a.dir.to_str().filter(|d| zerohop_s3::is_s3_url(d)) {
-            Some(url) => checkpoint_s3::run(&a, url),
-            None => checkpoint::run(&a),
-        },
+        Command::Checkpoint(a) => {
+            match a.dir.to_str().filter(|d| zerohop::location::is_object(d)) {
+                Some(url) => checkpoint_s3::run(&a, url),
+                None => checkpoint::run(&a),
+            }
+        }
         Command::Agent(a) => agent::bench(&a),
         Command::AgentStress(a) => agent_stress::stress(&a),
         Command::RawRead(a) => raw_read::run(&a),

@@ -70,7 +70,7 @@ pub fn run(a: &BenchRawReadArgs) -> Result<()> {
         return Err(Error::invalid("--block must be at least 1 byte"));
     }
     // A missing or unreadable file is named before anything else happens.
-    let files = zerohop_s3::open_sources(&a.files)?;
+    let files = zerohop_names::open_sources(&a.files)?;
     let (mut cache_drop, mut cache_left) = (None, 0.0f64);
     for f in files.iter().filter(|f| f.local_fds().is_some()) {
         let f = f.path();

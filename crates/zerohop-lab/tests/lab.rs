@@ -9,7 +9,7 @@ mod common;
 mod s3;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 fn lab(args: &[&str]) -> Output {
@@ -77,15 +77,25 @@ impl Agent {
     fn start() -> Agent {
         let dir = TempDir::new("agent");
         let socket = dir.0.join("agent.sock");
-        let child = Command::new(zerohop_binary())
+        // Its log goes to a file: a pipe nobody drains could block it.
+        let log = dir.0.join("agent.log");
+        let mut child = Command::new(zerohop_binary())
             .args(["agent", "--device", "sim", "--socket"])
             .arg(&socket)
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while !socket.exists() {
-            assert!(Instant::now() < deadline, "the agent did not start");
+            if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the agent did not start: {}\n(the simulated device is in the zerohop binary \
+                     that test builds make: `cargo test --workspace`)",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         Agent {

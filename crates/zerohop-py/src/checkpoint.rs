@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use zerohop::staging::StagingConfig;
 use zerohop::{DeviceBuffer, Error, Result};
 use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions};
-use zerohop_s3::{checkpoint_at, checkpoints_in};
+use zerohop_names::{checkpoint_at, checkpoints_in};
 
 /// An entry as the Python half describes it: name, dtype and shape (both
 /// None for raw bytes), address, bytes.
@@ -35,7 +35,7 @@ pub fn checkpoint_save(
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<(String, f64, u64)> {
     let place = Place::parse(device)?;
-    let engine = if zerohop_s3::is_s3_url(&at) {
+    let engine = if zerohop::location::is_object(&at) {
         py.detach(|| upload_engine(place))?
     } else {
         py.detach(|| engine(place))?

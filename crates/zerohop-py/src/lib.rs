@@ -33,6 +33,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfers::read, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::expand_names, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::object_stamp, m)?)?;
+    m.add_function(wrap_pyfunction!(transfers::is_object, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::write, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_save, m)?)?;

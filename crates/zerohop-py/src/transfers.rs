@@ -33,7 +33,8 @@ pub fn info(py: Python<'_>, path: Option<PathBuf>) -> PyResult<String> {
 pub fn safetensors_header(py: Python<'_>, path: PathBuf) -> PyResult<HeaderInfo> {
     let header = py
         .detach(|| {
-            zerohop_s3::open_sources(std::slice::from_ref(&path)).and_then(|f| read_header(&f[0]))
+            zerohop_names::open_sources(std::slice::from_ref(&path))
+                .and_then(|f| read_header(&f[0]))
         })
         .map_err(to_py)?;
     let tensors = header
@@ -57,8 +58,15 @@ pub fn safetensors_header(py: Python<'_>, path: PathBuf) -> PyResult<HeaderInfo>
 /// (`s3://bucket/dir/*.safetensors`) replaced by the objects it names.
 #[pyfunction]
 pub fn expand_names(py: Python<'_>, names: Vec<String>) -> PyResult<Vec<String>> {
-    py.detach(|| zerohop_s3::expand(&names, ".safetensors"))
+    py.detach(|| zerohop_names::expand(&names, ".safetensors"))
         .map_err(to_py)
+}
+
+/// Whether `name` lives in an object store (`s3://...`) rather than on a
+/// local path: the one answer every front end asks for.
+#[pyfunction]
+pub fn is_object(name: PathBuf) -> bool {
+    zerohop::location::is_object(name)
 }
 
 /// An object's (length, ETag): what tells that it was replaced.
@@ -80,7 +88,7 @@ impl Sources {
     #[new]
     fn new(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Self> {
         let files = py
-            .detach(|| zerohop_s3::open_sources(&paths))
+            .detach(|| zerohop_names::open_sources(&paths))
             .map_err(to_py)?;
         Ok(Sources { files })
     }
@@ -119,7 +127,7 @@ pub fn read(
         let files: &[SourceFile] = match (opened, paths) {
             (Some(s), _) => &s.files,
             (None, paths) => {
-                fresh = zerohop_s3::open_sources(paths.map_or(&[][..], Vec::as_slice))?;
+                fresh = zerohop_names::open_sources(paths.map_or(&[][..], Vec::as_slice))?;
                 &fresh
             }
         };

@@ -9,15 +9,14 @@
 
 use crate::client::S3Client;
 use crate::config::S3Config;
-use crate::location::{is_s3_url, S3Url};
+use crate::location::S3Url;
 use crate::sink::{object_sink, Completed};
 use crate::source::open_object;
-use std::path::Path;
 use std::sync::Arc;
 use zerohop::storage::{SinkFile, SourceFile};
 use zerohop::{Error, ErrorKind, Result};
 use zerohop_checkpoint::{
-    CheckpointStore, LocalStore, Location, NewCheckpoint, MANIFEST_FILE, MAX_MANIFEST_BYTES,
+    CheckpointStore, Location, NewCheckpoint, MANIFEST_FILE, MAX_MANIFEST_BYTES,
 };
 
 /// The checkpoints under one prefix of a bucket.
@@ -63,32 +62,6 @@ impl S3CheckpointStore {
             .into_iter()
             .map(|e| e.key)
             .collect())
-    }
-}
-
-/// The checkpoint `name` names: `s3://bucket/[prefix/]NAME` in an object
-/// store (data uploaded in parts of `part_bytes`: the saving engine's
-/// staging slot size), anything else a local directory.
-pub fn checkpoint_at(name: &str, part_bytes: u64) -> Result<Location> {
-    if is_s3_url(name) {
-        checkpoint_location(name, part_bytes)
-    } else {
-        Location::dir(Path::new(name))
-    }
-}
-
-/// The place `name` names as a holder of checkpoints: `s3://bucket/[prefix/]`
-/// or a local directory.
-pub fn checkpoints_in(name: &str, part_bytes: u64) -> Result<Arc<dyn CheckpointStore>> {
-    if is_s3_url(name) {
-        Ok(Arc::new(checkpoint_store(name, part_bytes)?))
-    } else if Path::new(name).is_dir() {
-        Ok(Arc::new(LocalStore::new(Path::new(name))))
-    } else {
-        Err(Error::new(
-            ErrorKind::NotFound,
-            format!("{name}: no such directory"),
-        ))
     }
 }
 

@@ -1,10 +1,11 @@
 //! Object storage for zerohop: S3-compatible stores (AWS S3, Ceph RGW,
-//! MinIO and others) as a source of loads beside local files, a sink of
+//! MinIO and others) as a source of loads (local files are the engine's
+//! own; `zerohop-names` opens each name where it lives), a sink of
 //! the engine's writes, and a store of checkpoints
 //! ([`S3CheckpointStore`]).
 //!
 //! An object opens as a [`zerohop::storage::SourceFile`] whose reads are
-//! ranged GETs ([`open_sources`]): the engine reads it into its staging
+//! ranged GETs ([`open_objects`]): the engine reads it into its staging
 //! slots as it reads a local file, so host memory stays within staging
 //! whatever the object's size; a worker reads a run of consecutive windows
 //! from one response, so requests stay large. Every request carries the
@@ -25,13 +26,12 @@ mod sink;
 mod source;
 
 pub use checkpoints::{
-    checkpoint_at, checkpoint_location, checkpoint_location_with, checkpoint_store, checkpoints_in,
-    S3CheckpointStore,
+    checkpoint_location, checkpoint_location_with, checkpoint_store, S3CheckpointStore,
 };
 pub use client::{error_field, ObjectEntry, ObjectInfo, S3Client};
 pub use config::{AddressingStyle, S3Config};
-pub use location::{is_s3_url, S3Url};
+pub use location::S3Url;
 pub use multipart::{MultipartUpload, MAX_PARTS, MIN_PART_BYTES};
 pub use retry::RetryPolicy;
 pub use sink::{config_for_uploads, create_object, UPLOAD_SLOT_BYTES};
-pub use source::{expand, expand_with_config, head, open_sources, open_sources_with};
+pub use source::{expand_objects, expand_objects_with, head, open_objects, open_objects_with};

@@ -3,13 +3,7 @@
 use std::fmt;
 use zerohop::{Error, Result};
 
-const SCHEME: &str = "s3://";
-
-/// Whether `name` names an object store location (`s3://...`) rather than
-/// a local path.
-pub fn is_s3_url(name: &str) -> bool {
-    name.starts_with(SCHEME)
-}
+const SCHEME: &str = zerohop::location::OBJECT_STORE_SCHEME;
 
 /// An object, a prefix or a pattern in a bucket: `s3://bucket/key`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -1,12 +1,12 @@
-//! Objects opened as the engine's sources, beside local files.
+//! Objects opened as the engine's sources (local files are the engine's
+//! own; `zerohop-names` opens each name where it lives).
 
 use crate::client::{ObjectInfo, S3Client};
 use crate::config::S3Config;
-use crate::location::{is_s3_url, S3Url};
+use crate::location::S3Url;
 use crate::range::RangeReader;
 use std::collections::HashMap;
 use std::io::Read;
-use std::path::Path;
 use std::sync::Arc;
 use zerohop::storage::{RemoteObject, SourceFile};
 use zerohop::{Error, ErrorKind, Result};
@@ -61,20 +61,16 @@ impl Clients {
     }
 }
 
-/// Opens each name for reading: an `s3://bucket/key` URL as an object
-/// (one HEAD request: its length and ETag), anything else as a local file
-/// ([`SourceFile::open`]). Configuration: [`S3Config::from_env`].
-pub fn open_sources<P: AsRef<Path>>(names: &[P]) -> Result<Vec<SourceFile>> {
-    open_with(Clients::default(), names)
+/// Opens each object (`s3://bucket/key`) for reading: one HEAD request
+/// each, for its length and ETag. Configuration: [`S3Config::from_env`].
+pub fn open_objects<S: AsRef<str>>(urls: &[S]) -> Result<Vec<SourceFile>> {
+    open_with(Clients::default(), urls)
 }
 
-/// As [`open_sources`], with this configuration rather than the
+/// As [`open_objects`], with this configuration rather than the
 /// environment's.
-pub fn open_sources_with<P: AsRef<Path>>(
-    config: &S3Config,
-    names: &[P],
-) -> Result<Vec<SourceFile>> {
-    open_with(Clients::with(config), names)
+pub fn open_objects_with<S: AsRef<str>>(config: &S3Config, urls: &[S]) -> Result<Vec<SourceFile>> {
+    open_with(Clients::with(config), urls)
 }
 
 impl Clients {
@@ -86,27 +82,16 @@ impl Clients {
     }
 }
 
-fn open_with<P: AsRef<Path>>(mut clients: Clients, names: &[P]) -> Result<Vec<SourceFile>> {
-    names
-        .iter()
-        .map(|name| {
-            let name = name.as_ref();
-            match name.to_str().filter(|s| is_s3_url(s)) {
-                None => SourceFile::open(name),
-                Some(url) => {
-                    let url = S3Url::parse(url)?;
-                    if url.key.is_empty()
-                        || url.key.ends_with('/')
-                        || url.pattern_prefix().is_some()
-                    {
-                        return Err(Error::invalid(format!(
-                            "{url}: names no single object (a prefix or a pattern: \
-                             expand it first)"
-                        )));
-                    }
-                    open_object(clients.get(&url.bucket)?, &url)
-                }
+fn open_with<S: AsRef<str>>(mut clients: Clients, urls: &[S]) -> Result<Vec<SourceFile>> {
+    urls.iter()
+        .map(|url| {
+            let url = S3Url::parse(url.as_ref())?;
+            if url.key.is_empty() || url.key.ends_with('/') || url.pattern_prefix().is_some() {
+                return Err(Error::invalid(format!(
+                    "{url}: names no single object (a prefix or a pattern: expand it first)"
+                )));
             }
+            open_object(clients.get(&url.bucket)?, &url)
         })
         .collect()
 }
@@ -134,8 +119,8 @@ pub fn head(url: &str) -> Result<ObjectInfo> {
     Clients::default().get(&url.bucket)?.head(&url.key)
 }
 
-/// Expands the object store names among `names` that stand for several
-/// objects, keeping the others as they are:
+/// Expands object store names (each `s3://...`) that stand for several
+/// objects, keeping the others (single objects) as they are:
 /// - `s3://bucket/prefix/` (or `s3://bucket`): every object under it whose
 ///   key ends in `suffix` (say `.safetensors`), in key order;
 /// - `s3://bucket/dir/model-*.safetensors`: every key the pattern matches
@@ -143,12 +128,13 @@ pub fn head(url: &str) -> Result<ObjectInfo> {
 ///
 /// A name that matches nothing is an error that says so. Configuration:
 /// [`S3Config::from_env`].
-pub fn expand(names: &[String], suffix: &str) -> Result<Vec<String>> {
+pub fn expand_objects(names: &[String], suffix: &str) -> Result<Vec<String>> {
     expand_with(Clients::default(), names, suffix)
 }
 
-/// As [`expand`], with this configuration rather than the environment's.
-pub fn expand_with_config(
+/// As [`expand_objects`], with this configuration rather than the
+/// environment's.
+pub fn expand_objects_with(
     config: &S3Config,
     names: &[String],
     suffix: &str,
@@ -159,10 +145,6 @@ pub fn expand_with_config(
 fn expand_with(mut clients: Clients, names: &[String], suffix: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for name in names {
-        if !is_s3_url(name) {
-            out.push(name.clone());
-            continue;
-        }
         let url = S3Url::parse(name)?;
         let pattern = url.pattern_prefix();
         let prefix = match pattern {

@@ -14,7 +14,7 @@ use zerohop::plan::TransferPlan;
 use zerohop::safetensors::{load_safetensors, load_safetensors_sources, Allocation};
 use zerohop::staging::StagingConfig;
 use zerohop::{DeviceBuffer, Engine, EngineConfig, ErrorKind};
-use zerohop_s3::{expand_with_config, open_sources_with, RetryPolicy, S3Config};
+use zerohop_s3::{expand_objects_with, open_objects_with, RetryPolicy, S3Config};
 
 /// Small slots and three workers: a few MiB make many windows in flight.
 fn engine() -> Engine {
@@ -45,7 +45,7 @@ fn objects_load_like_files_and_parts_read_only_their_bytes() {
     let data = pattern((3 << 20) + 12345, 1);
     server.client().put("dir/blob.bin", &data, false).unwrap();
     let config = server.config();
-    let files = open_sources_with(&config, &[url("dir/blob.bin")]).unwrap();
+    let files = open_objects_with(&config, &[url("dir/blob.bin")]).unwrap();
     assert_eq!(files[0].len(), data.len() as u64);
     let e = engine();
     let (bufs, stats) = e.load_sources(&files, None).unwrap();
@@ -82,7 +82,7 @@ fn prefixes_and_patterns_name_their_shards_in_order() {
         c.put(key, b"x", false).unwrap();
     }
     let config = server.config();
-    let names = |n: &str| expand_with_config(&config, &[n.to_string()], ".safetensors");
+    let names = |n: &str| expand_objects_with(&config, &[n.to_string()], ".safetensors");
     assert_eq!(
         names(&url("m/")).unwrap(),
         [
@@ -96,12 +96,13 @@ fn prefixes_and_patterns_name_their_shards_in_order() {
         [url("m/b-1.safetensors"), url("m/b-2.safetensors")]
     );
     assert_eq!(names(&url("m/x.json")).unwrap(), [url("m/x.json")]);
-    assert_eq!(names("/local/file").unwrap(), ["/local/file"]);
+    // Local names are not objects (zerohop-names keeps them as they are).
+    assert!(names("/local/file").is_err());
     let e = names(&url("m/none-*")).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
     assert!(e.to_string().contains("no object matches"), "{e}");
     // A prefix is not an object.
-    let e = open_sources_with(&config, &[url("m/")]).unwrap_err();
+    let e = open_objects_with(&config, &[url("m/")]).unwrap_err();
     assert!(e.to_string().contains("names no single object"), "{e}");
 }
 
@@ -119,7 +120,7 @@ fn safetensors_objects_load_as_their_files_do() {
         .unwrap();
     let e = engine();
     let local = load_safetensors(&e, &[&path], Allocation::PerTensor, None).unwrap();
-    let files = open_sources_with(&server.config(), &[url("model.safetensors")]).unwrap();
+    let files = open_objects_with(&server.config(), &[url("model.safetensors")]).unwrap();
     let remote = load_safetensors_sources(&e, &files, Allocation::PerFile, None).unwrap();
     assert_eq!(remote.tensors.len(), local.tensors.len());
     for (r, l) in remote.tensors.iter().zip(&local.tensors) {
@@ -140,7 +141,7 @@ fn bad_input_gets_one_clear_error_each() {
     c.put("random.safetensors", &pattern(100_000, 3), false)
         .unwrap();
     let config = server.config();
-    let open = |cfg: &S3Config, key: &str| open_sources_with(cfg, &[url(key)]);
+    let open = |cfg: &S3Config, key: &str| open_objects_with(cfg, &[url(key)]);
 
     let mut wrong = config.clone();
     wrong.credentials = Some((common::KEY_ID.into(), "not-the-secret".into(), None));
@@ -148,7 +149,7 @@ fn bad_input_gets_one_clear_error_each() {
     assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
     assert!(e.to_string().contains("refused these credentials"), "{e}");
 
-    let e = open_sources_with(&config, &["s3://no-such-bucket/k.safetensors"]).unwrap_err();
+    let e = open_objects_with(&config, &["s3://no-such-bucket/k.safetensors"]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
     assert!(
         e.to_string().contains("no bucket \"no-such-bucket\""),
@@ -164,7 +165,7 @@ fn bad_input_gets_one_clear_error_each() {
     assert_eq!(e.kind(), ErrorKind::Format, "{e}");
     assert!(e.to_string().contains("random.safetensors"), "{e}");
 
-    let e = open_sources_with(&config, &["s3://Bad_Bucket/k"]).unwrap_err();
+    let e = open_objects_with(&config, &["s3://Bad_Bucket/k"]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
 
     // Nothing listens here: the connection is refused, retried, reported.
@@ -186,7 +187,7 @@ fn throttling_and_dropped_connections_are_retried() {
     proxy.faults.slow_down.store(3, Ordering::SeqCst);
     proxy.faults.cut_after.store(30_000, Ordering::SeqCst);
     proxy.faults.cuts.store(2, Ordering::SeqCst);
-    let files = open_sources_with(&config, &[url("blob.bin")]).unwrap();
+    let files = open_objects_with(&config, &[url("blob.bin")]).unwrap();
     let e = engine();
     let (bufs, _) = e.load_sources(&files, None).unwrap();
     assert!(contents(&e, &bufs[0]) == data);
@@ -201,7 +202,7 @@ fn windows_are_read_from_few_requests_that_resume_where_they_broke() {
     let data = pattern((3 << 20) + 12345, 8);
     server.client().put("blob.bin", &data, false).unwrap();
     let proxy = FaultProxy::start(server.port);
-    let files = open_sources_with(&config_for(&proxy.endpoint()), &[url("blob.bin")]).unwrap();
+    let files = open_objects_with(&config_for(&proxy.endpoint()), &[url("blob.bin")]).unwrap();
     // Two workers, requests of at most 1 MiB over 64 KiB slots: 4 GETs
     // for 49 windows. Two connections break inside a response, each
     // resumed by one GET from the byte where it stopped.
@@ -232,7 +233,7 @@ fn retries_stop_at_the_stated_limit_with_a_clear_error() {
         ..config.retry
     };
     let started = Instant::now();
-    let e = open_sources_with(&config, &[url("blob.bin")]).unwrap_err();
+    let e = open_objects_with(&config, &[url("blob.bin")]).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("gave up after 3 attempts"), "{msg}");
     assert!(msg.contains("HTTP 503"), "{msg}");
@@ -245,7 +246,7 @@ fn an_object_replaced_during_a_load_is_an_error_not_mixed_bytes() {
     let server = Server::start("replaced");
     let c = server.client();
     c.put("blob.bin", &pattern(4 << 20, 5), false).unwrap();
-    let files = open_sources_with(&server.config(), &[url("blob.bin")]).unwrap();
+    let files = open_objects_with(&server.config(), &[url("blob.bin")]).unwrap();
     // One worker, a request per window: it replaces the object after its
     // first window, before it asks for the next (with more workers, the
     // others may read every other window of the old object meanwhile, and
@@ -272,7 +273,7 @@ fn an_object_replaced_during_a_load_is_an_error_not_mixed_bytes() {
     assert!(e.to_string().contains(replaced_error), "{e}");
 
     // Replaced between the open and the load.
-    let files = open_sources_with(&server.config(), &[url("blob.bin")]).unwrap();
+    let files = open_objects_with(&server.config(), &[url("blob.bin")]).unwrap();
     c.put("blob.bin", &pattern(4 << 20, 7), false).unwrap();
     let e = engine().load_sources(&files, None).unwrap_err();
     assert!(e.to_string().contains(replaced_error), "{e}");

@@ -14,6 +14,7 @@ pub mod device;
 mod engine;
 mod error;
 mod host_read;
+pub mod location;
 pub mod machine;
 pub mod plan;
 pub mod safetensors;
