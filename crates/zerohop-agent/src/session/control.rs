@@ -3,7 +3,7 @@
 //! registrations it makes and removes: files, buffers and rings, each
 //! under a limit per session.
 
-use super::rings::RingState;
+use super::ring_state::RingState;
 use super::{End, Session, RING};
 use crate::engines::Engines;
 use crate::resources::{Buffer, Memory, RegisteredFile};

@@ -6,13 +6,14 @@
 //! registered.
 
 mod control;
+mod ring_state;
 mod rings;
 
 use crate::resources::{Buffer, Memory, RegisteredFile};
 use crate::shared::Shared;
 use crate::wakeups::Wakeups;
 use log::{debug, info, warn};
-use rings::RingState;
+use ring_state::RingState;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;

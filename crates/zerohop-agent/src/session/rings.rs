@@ -7,48 +7,15 @@ use crate::execute::{self, Work};
 use crate::resources::Buffer;
 use log::{debug, warn};
 use rustix::io::Errno;
-use std::collections::{BTreeMap, VecDeque};
-use std::fs::File;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use zerohop::stats::human_bytes;
-use zerohop_wire::ring::{self, CompletionEntry, Ring, RingCorrupt, SubmissionEntry, OP_READ};
+use zerohop_wire::ring::{self, CompletionEntry, RingCorrupt, SubmissionEntry, OP_READ};
 
 /// How long a stopping agent waits for a client to make room for its last
 /// completions.
 const FLUSH_WAIT: Duration = Duration::from_secs(5);
-
-pub(super) struct RingState {
-    ring: Ring,
-    /// The client writes it after submitting; watched, never read.
-    _submitted: File,
-    /// Completions waiting for room in the ring; while any wait, no new
-    /// submissions are taken (so a client that never reaps is bounded).
-    waiting: VecDeque<CompletionEntry>,
-}
-
-impl RingState {
-    pub(super) fn new(ring: Ring, submitted: File) -> Self {
-        RingState {
-            ring,
-            _submitted: submitted,
-            waiting: VecDeque::new(),
-        }
-    }
-
-    /// Posts waiting completions while the ring has room; wakes the client.
-    fn flush(&mut self) -> Result<(), RingCorrupt> {
-        let room = self.ring.completion_room()? as usize;
-        let n = room.min(self.waiting.len());
-        for cqe in self.waiting.drain(..n) {
-            self.ring.push_completion(&cqe);
-        }
-        if n > 0 {
-            self.ring.publish_completions();
-        }
-        Ok(())
-    }
-}
 
 impl Session {
     /// Whether some ring has completions the client has no room for yet.
