@@ -44,6 +44,11 @@ pub fn run(path: Option<&Path>, json: bool) -> Result<()> {
             e.as_deref().unwrap_or_default()
         ),
     }
+    match (&info.criu.version, &info.criu.why_not) {
+        (Some(v), None) => println!("criu      CRIU {v}: criu check passes"),
+        (Some(v), Some(e)) => println!("criu      CRIU {v}, not usable: {e}"),
+        (None, e) => println!("criu      {}", e.as_deref().unwrap_or("not available")),
+    }
     if let Some(c) = &info.o_direct {
         match &c.o_direct.why_not {
             None => println!("o_direct  {}: accepted", c.path),

@@ -29,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// What this machine supports: driver, GPUs, GDS, io_uring, O_DIRECT, staging.
+    /// What this machine supports: driver, GPUs, GDS, io_uring, O_DIRECT, staging, CRIU.
     Info {
         /// A file or directory whose file system to check for O_DIRECT
         /// (default: none checked).

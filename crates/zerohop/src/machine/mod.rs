@@ -13,6 +13,7 @@
 //!   "io_uring": {"available": bool, "version": null, "why_not": str | null},
 //!   "process_checkpoint": {"available": bool, "version": "base" | "storage hook" | null,
 //!                "why_not": str | null},
+//!   "criu":     {"available": bool, "version": "4.2" | null, "why_not": str | null},
 //!   "o_direct": null | {"path": str, "available": bool, "version": null, "why_not": str | null},
 //!   "staging":  {"total_bytes": int, "slot_bytes": int},
 //!   "io_threads": int,
@@ -21,12 +22,19 @@
 //! ```
 //!
 //! Every yes-or-no fact is an [`Availability`]: `why_not` is null exactly
-//! when `available` is true.
+//! when `available` is true. CRIU's version is there wherever CRIU
+//! reports one, also when it is unavailable (too old, or failing `criu
+//! check`).
 
 pub(crate) mod cpus;
+mod criu;
 mod gds;
 
 pub use cpus::available_cpus;
+pub use criu::{
+    criu_availability, criu_availability_from, parse_criu_version, CriuVersion, CRIU_ENV,
+    CRIU_HINT, CRIU_MIN_VERSION,
+};
 pub use gds::{gds_support, GdsSupport};
 
 use crate::device::{cuda_driver_summary, CudaDevice, Device};
@@ -83,6 +91,10 @@ pub struct MachineInfo {
     /// where the driver also has CUDA 13.4's caller-side storage
     /// (`cuCheckpointOperationComplete`), else `base`.
     pub process_checkpoint: Availability,
+    /// CRIU for checkpointing whole processes (`ZEROHOP_CRIU`, else `criu`
+    /// on `PATH`): available where version 4.0 or later passes `criu
+    /// check`; see [`criu_availability`].
+    pub criu: Availability,
     /// O_DIRECT on the path asked about, if one was.
     pub o_direct: Option<PathCheck>,
     pub staging: StagingConfig,
@@ -105,7 +117,8 @@ pub struct PathCheck {
 }
 
 impl MachineInfo {
-    /// Probes the driver, GPUs, GDS, io_uring, and O_DIRECT on `path`.
+    /// Probes the driver, GPUs, GDS, io_uring, CRIU, and O_DIRECT on
+    /// `path`.
     pub fn gather(path: Option<&Path>) -> MachineInfo {
         let (driver, gpus) = match cuda_driver_summary() {
             Ok((version, count)) => {
@@ -133,6 +146,7 @@ impl MachineInfo {
                 Ok(_) => Availability::available(Some("base".into())),
                 Err(e) => Availability::unavailable(e.to_string()),
             },
+            criu: criu_availability(),
             o_direct: path.map(|p| PathCheck {
                 path: p.display().to_string(),
                 o_direct: Availability::of(o_direct_supported(p)),
@@ -214,6 +228,7 @@ mod tests {
             keys,
             [
                 "cpus",
+                "criu",
                 "driver",
                 "gds",
                 "gpus",
@@ -225,6 +240,7 @@ mod tests {
             ]
         );
         for fact in [
+            &json["criu"],
             &json["driver"],
             &json["io_uring"],
             &json["o_direct"],
