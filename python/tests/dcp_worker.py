@@ -13,9 +13,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import zerohop.dcp
+from rank_processes import leave_group
 
 
 def state(mesh):
@@ -45,7 +46,18 @@ def listed(tensors):
 
 
 def full(s):
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in s.items()}
+    """The state with each DTensor (sharded along dimension 0) gathered
+    whole by a plain collective: DTensor.full_tensor() would keep the
+    process group alive past leave_group()."""
+    out = {}
+    for k, v in s.items():
+        if isinstance(v, DTensor):
+            assert v.placements == (Shard(0),), v.placements
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, v.to_local())
+            v = torch.cat(parts)
+        out[k] = v
+    return out
 
 
 def main():
@@ -73,8 +85,8 @@ def main():
         report["again"] = str(e)
     with open(out, "w") as f:
         json.dump(report, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    leave_group()  # after main(), whose locals hold the mesh

@@ -1,12 +1,14 @@
 """Starting ranks of a worker script as torchrun would (RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT in the environment), for the tests that talk
-gloo over loopback sockets."""
+gloo over loopback sockets; and, for the workers, leaving the group."""
 
+import gc
 import json
 import os
 import socket
 import subprocess
 import sys
+import weakref
 
 HERE = os.path.dirname(__file__)
 
@@ -36,3 +38,28 @@ def run_ranks(worker, argv, out_dir, world=2, timeout=120):
         else:
             results.append({"rank": rank, "exit": code})
     return results
+
+
+def leave_group():
+    """Destroys this rank's process group and checks that it is gone, its
+    gloo threads joined; a worker calls it last, once nothing of its own
+    holds a DeviceMesh or DTensor.
+
+    A group that outlives this keeps its threads running into the
+    interpreter's exit. There, a gloo worker that drops a finished
+    collective's last reference to a tensor needs the GIL to free it;
+    CPython ends a thread that takes the GIL while it finalizes, the
+    unwinding runs into a C++ destructor and std::terminate aborts the
+    rank ("terminate called without an active exception", exit -6) now and
+    then. Held, it is an error every time instead. Holders seen: torch's
+    cache of DTensor redistribute plans (DTensor.full_tensor()), which keeps
+    the mesh and its groups, and torch modules first imported after
+    init_process_group, whose functions take group.WORLD as a default."""
+    import torch.distributed as dist
+
+    group = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    gc.collect()  # meshes and DTensors sit in reference cycles
+    if group() is not None:
+        raise SystemExit("the process group outlived destroy_process_group(): "
+                         "something still holds it, and its gloo threads would run into the exit")

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{pattern, TestDir};
+use common::{pattern, skip, TestDir};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,7 +79,7 @@ fn scattered_ranges_land_exactly() {
             "{stats:?}"
         );
     } else {
-        eprintln!("skipped: O_DIRECT check (the temp file system refuses it)");
+        skip("the O_DIRECT part (the temp file system refuses O_DIRECT)");
     }
     drop(files);
     for (i, want) in expect.iter().enumerate() {
@@ -98,8 +98,7 @@ fn one_file_on_tmpfs_shared_by_workers_is_written_through_a_mapping() {
     let shm = std::path::Path::new("/dev/shm");
     let on_tmpfs = std::fs::File::open(shm).is_ok_and(|d| zerohop::storage::in_memory(&d));
     if !on_tmpfs {
-        eprintln!("skipped: /dev/shm is not a memory file system here");
-        return;
+        return skip("/dev/shm is not a memory file system here");
     }
     let dir = TestDir::under(shm, "write-mapped");
     let e = engine(16 << 10, 8, 4);
