@@ -46,6 +46,7 @@ check the script itself where there is no GPU:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -114,6 +115,13 @@ def main() -> None:
     p.add_argument("--cpu", action="store_true", help="host memory and gloo: a dry run of the script without GPUs")
     p.add_argument("--json-out")
     args = p.parse_args()
+    # torch modules imported after the group exists hold it (as default
+    # arguments) past destroy_process_group(), and its threads then run
+    # into the interpreter's exit, which can abort the rank: import first.
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.device_mesh  # noqa: F401
+    import torch.distributed.tensor  # noqa: F401
+
     dist.init_process_group("gloo" if args.cpu else "nccl")
     rank = dist.get_rank()
     if args.cpu:
@@ -188,6 +196,7 @@ def main() -> None:
             with open(args.json_out, "w") as f:
                 json.dump({"rows": rows, "world_size": dist.get_world_size()}, f, indent=1)
     dist.destroy_process_group()
+    gc.collect()  # meshes and DTensors sit in reference cycles that hold the group
 
 
 def dcp_rows(args, rank: int, device: str) -> list[dict]:
@@ -220,7 +229,10 @@ def dcp_rows(args, rank: int, device: str) -> list[dict]:
                 shutil.rmtree(path, ignore_errors=True)
             dist.barrier()
             save_s, _ = timed(rank, lambda progress: dcp.save(state, storage_writer=writer(path)))
-            back = {k: distribute_tensor(torch.zeros_like(v.full_tensor()), mesh, [Shard(0)]) for k, v in state.items()}
+            # Zeros of each global shape (not full_tensor(): torch caches its
+            # plan, which keeps the mesh and its group alive into the exit).
+            back = {k: distribute_tensor(torch.zeros(v.shape, dtype=v.dtype, device=device), mesh, [Shard(0)])
+                    for k, v in state.items()}
             load_s, _ = timed(rank, lambda progress: dcp.load(back, storage_reader=reader(path)))
             same = all(torch.equal(back[k].to_local(), v.to_local()) for k, v in state.items())
             out.append({"row": f"dcp {name}", "round": rnd, "save_gbps": nbytes / save_s / 1e9,

@@ -59,7 +59,7 @@ mod tests {
         let dir = Path::new("/dev/shm");
         let on_tmpfs = std::fs::File::open(dir).is_ok_and(|d| crate::storage::in_memory(&d));
         if !on_tmpfs {
-            eprintln!("skipped: /dev/shm is not a tmpfs here");
+            crate::test_support::skip("/dev/shm is not a tmpfs here");
             return;
         }
         let path = dir.join(format!("zerohop-cache-drop-{}", std::process::id()));

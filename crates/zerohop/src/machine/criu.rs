@@ -5,7 +5,7 @@
 //! into `.tools/criu/`, which is only used once it is on `PATH` or named by
 //! `ZEROHOP_CRIU`.
 
-use super::Availability;
+use super::availability::Availability;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs::File;

@@ -26,10 +26,12 @@
 //! reports one, also when it is unavailable (too old, or failing `criu
 //! check`).
 
+mod availability;
 pub(crate) mod cpus;
 mod criu;
 mod gds;
 
+pub use availability::Availability;
 pub use cpus::available_cpus;
 pub use criu::{
     criu_availability, criu_availability_from, parse_criu_version, CriuVersion, CRIU_ENV,
@@ -42,41 +44,6 @@ use crate::staging::StagingConfig;
 use crate::EngineConfig;
 use serde::Serialize;
 use std::path::Path;
-
-/// Whether something is available here: its version where it has one, or
-/// why it is not. JSON: `{"available": bool, "version": str | null,
-/// "why_not": str | null}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Availability {
-    pub available: bool,
-    pub version: Option<String>,
-    pub why_not: Option<String>,
-}
-
-impl Availability {
-    pub fn available(version: Option<String>) -> Self {
-        Availability {
-            available: true,
-            version,
-            why_not: None,
-        }
-    }
-
-    pub fn unavailable(why_not: impl Into<String>) -> Self {
-        Availability {
-            available: false,
-            version: None,
-            why_not: Some(why_not.into()),
-        }
-    }
-
-    fn of(r: Result<(), String>) -> Self {
-        match r {
-            Ok(()) => Self::available(None),
-            Err(why) => Self::unavailable(why),
-        }
-    }
-}
 
 /// The machine's facts; see the module documentation for the JSON.
 #[derive(Debug, Serialize)]

@@ -393,7 +393,7 @@ mod tests {
         .unwrap();
         let fraction = page_cache_residency(&f, 64 << 20, &whole).unwrap();
         if fraction == 1.0 {
-            eprintln!("skipped: this file system keeps dropped pages (tmpfs?)");
+            crate::test_support::skip("this file system keeps dropped pages (tmpfs?)");
             return;
         }
         assert!((0.45..=0.55).contains(&fraction), "{fraction}");

@@ -344,7 +344,7 @@ mod tests {
             assert_eq!(status_flags(direct) & OFlags::ACCMODE, OFlags::WRONLY);
             assert_eq!(identity(direct), identity(buffered));
         } else {
-            eprintln!("skipped: this file system refuses O_DIRECT");
+            crate::test_support::skip("this file system refuses O_DIRECT");
         }
         remove_test_file(&path);
     }
