@@ -125,6 +125,21 @@ def test_safe_open_notices_a_replaced_file(tmp_path):
         f.get_tensor("a")
 
 
+def test_safe_open_lets_its_file_go_on_exit_and_reads_again_after(tmp_path):
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file({"a": np.arange(4, dtype=np.float32)}, str(path))
+
+    def open_fds():
+        return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if os.path.exists(f"/proc/self/fd/{fd}")}
+
+    with zerohop.safe_open(path, framework="np") as f:
+        assert f.get_slice("a")[1:3].tolist() == [1.0, 2.0]
+        assert str(path) in open_fds(), "the file is held open while in use"
+    assert str(path) not in open_fds(), "the file stays open after the with block"
+    assert f.get_tensor("a").tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_save_refuses_what_safetensors_refuses_with_its_exception_types(tmp_path):
     path = tmp_path / "m.safetensors"
     with pytest.raises(ValueError, match=r"^Expected a dict of \[str, torch.Tensor\] but received <class 'str'>$"):

@@ -162,7 +162,15 @@ class safe_open:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        # The file's descriptors and mapping go now, not when the object
+        # does; a read after this opens the file again.
+        self._sources = None
         return None
+
+    def _opened(self) -> Any:
+        if self._sources is None:
+            self._sources = _native.Sources([self._path])
+        return self._sources
 
     def keys(self) -> List[str]:
         return sorted(self._tensors)
@@ -187,7 +195,7 @@ class safe_open:
     def get_tensor(self, name: str) -> Any:
         """Reads this one tensor."""
         self._check_unchanged()
-        return _load(self._sources, [self._info(name)], self._device, self._framework, False)[name]
+        return _load(self._opened(), [self._info(name)], self._device, self._framework, False)[name]
 
     def get_slice(self, name: str) -> "TensorSlice":
         """A handle that reads only the rows an index asks for."""
@@ -233,7 +241,7 @@ class TensorSlice:
             self._info.begin + stop * row_bytes,
         )
         self._file._check_unchanged()
-        part = _load(self._file._sources, [rows], self._file._device, self._file._framework, False)[rows.name]
+        part = _load(self._file._opened(), [rows], self._file._device, self._file._framework, False)[rows.name]
         # The rows read, then the rest of the index on the dimensions after.
         # A part of them comes back as a fresh copy, as safetensors returns
         # it, so the bytes read but not kept are freed.
