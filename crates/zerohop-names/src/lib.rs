@@ -34,8 +34,7 @@ pub fn open_sources<P: AsRef<Path>>(names: &[P]) -> Result<Vec<SourceFile>> {
 /// (`s3://bucket/dir/*.safetensors`) replaced by the objects it names whose
 /// keys end in `suffix`; local names as they are.
 pub fn expand(names: &[String], suffix: &str) -> Result<Vec<String>> {
-    let objects: Vec<String> = names.iter().filter(|n| is_object(n)).cloned().collect();
-    if objects.is_empty() {
+    if !names.iter().any(is_object) {
         return Ok(names.to_vec());
     }
     let mut out = Vec::with_capacity(names.len());
