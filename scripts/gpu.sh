@@ -17,8 +17,10 @@ stage() {
     rm -rf .stage && mkdir -p .stage/bin .stage/tests
     CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p zerohop-cli -p zerohop-lab -p zerohop-preload
     cp target/release/zerohop target/release/zerohop-lab target/release/libzerohop_preload.so .stage/bin/
-    # The S3-compatible server of the s3 step (scripts/test.sh builds it).
-    [ -x .tools/bin/s3s-fs ] && cp .tools/bin/s3s-fs .stage/bin/
+    # The S3-compatible server of the s3 step and the Python suite's
+    # object storage tests (scripts/test.sh builds it).
+    [ -x .tools/bin/s3s-fs ] || { echo "no .tools/bin/s3s-fs: run scripts/test.sh first, which builds it"; exit 2; }
+    cp .tools/bin/s3s-fs .stage/bin/
     # The write and pinning probe of the write-probe step.
     mkdir -p .stage/probe
     gcc -O2 -Wall -pthread -o .stage/probe/write_and_pin bench/probe/write_and_pin.c -ldl

@@ -6,6 +6,7 @@ mod agent;
 mod bench;
 mod checkpoint;
 mod demo;
+mod freeze;
 mod info;
 mod load;
 mod process;
@@ -63,6 +64,12 @@ enum Command {
     /// Restore a process that `checkpoint-process` checkpointed: the
     /// driver's part, then zerohop's memory, verified.
     RestoreProcess(process::RestoreProcessArgs),
+    /// Freeze a whole process into a directory: its GPU state through
+    /// zerohop and the driver, the rest by CRIU; durable when it returns.
+    Freeze(freeze::FreezeArgs),
+    /// Bring a frozen process back under its own pid, its images checked
+    /// and its GPU memory verified.
+    Thaw(freeze::ThawArgs),
     /// Generate a demo model, load it, checkpoint it and restore it.
     ///
     /// Into the GPU, or host memory without one. Its files are removed at
@@ -96,6 +103,8 @@ fn main() -> ExitCode {
         Command::Resume(args) => suspend::resume(&args),
         Command::CheckpointProcess(args) => process::checkpoint(&args),
         Command::RestoreProcess(args) => process::restore(&args),
+        Command::Freeze(args) => freeze::freeze(&args),
+        Command::Thaw(args) => freeze::thaw(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -121,7 +121,7 @@ pub fn criu_availability_from(
     let Some(version) = parse_criu_version(&output) else {
         return Availability::unavailable(format!(
             "not available: `{shown} --version` gives no version ({}); {CRIU_HINT}",
-            summarize(&output)
+            criu_output_gist(&output)
         ));
     };
     let unavailable_at = |why: String| Availability {
@@ -138,10 +138,37 @@ pub fn criu_availability_from(
         Ok((status, _)) if status.success() => Availability::available(Some(version.to_string())),
         Ok((status, output)) => unavailable_at(format!(
             "`{shown} check` fails ({status}): {}",
-            summarize(&output)
+            criu_output_gist(&output)
         )),
         Err(why) => unavailable_at(format!("`{shown} check` {why}")),
     }
+}
+
+/// The CRIU to run, from `ZEROHOP_CRIU` or `PATH`, with its version: 4.0
+/// or later. Unlike [`criu_availability`] it does not run `criu check`
+/// (seconds), so a freeze does not wait for it; a CRIU that cannot
+/// checkpoint here says so when it runs.
+pub fn usable_criu() -> Result<(PathBuf, CriuVersion), String> {
+    let criu = locate_criu(
+        std::env::var_os(CRIU_ENV).as_deref(),
+        std::env::var_os("PATH").as_deref(),
+    )
+    .map_err(|why| format!("no CRIU: {why}; {CRIU_HINT}"))?;
+    let shown = criu.display();
+    let (_, output) = run_with_timeout(&criu, "--version", VERSION_TIMEOUT)
+        .map_err(|why| format!("`{shown} --version` {why}; {CRIU_HINT}"))?;
+    let version = parse_criu_version(&output).ok_or_else(|| {
+        format!(
+            "`{shown} --version` gives no version ({}); {CRIU_HINT}",
+            criu_output_gist(&output)
+        )
+    })?;
+    if !version.is_supported() {
+        return Err(format!(
+            "{shown} is CRIU {version}, older than {CRIU_MIN_VERSION}; {CRIU_HINT}"
+        ));
+    }
+    Ok((criu, version))
 }
 
 /// The CRIU binary: `criu_env` (the value of `ZEROHOP_CRIU`) where set and
@@ -239,7 +266,7 @@ fn run_with_timeout(
 /// The gist of a CRIU command's output, on one line: its `Error` lines
 /// where it has some, else every line but warnings; at most
 /// [`REASON_LIMIT`] bytes.
-fn summarize(output: &str) -> String {
+pub fn criu_output_gist(output: &str) -> String {
     let lines: Vec<&str> = output
         .lines()
         .map(str::trim)
@@ -422,14 +449,14 @@ mod tests {
 
     #[test]
     fn summaries_are_one_bounded_line() {
-        assert_eq!(summarize(""), "no output");
-        assert_eq!(summarize("Warn (x): only a warning\n"), "no output");
+        assert_eq!(criu_output_gist(""), "no output");
+        assert_eq!(criu_output_gist("Warn (x): only a warning\n"), "no output");
         assert_eq!(
-            summarize("CRIU needs CAP_SYS_ADMIN: \nsetcap cap_checkpoint_restore+eip /x\n"),
+            criu_output_gist("CRIU needs CAP_SYS_ADMIN: \nsetcap cap_checkpoint_restore+eip /x\n"),
             "CRIU needs CAP_SYS_ADMIN: / setcap cap_checkpoint_restore+eip /x"
         );
         let long = "é".repeat(REASON_LIMIT);
-        let s = summarize(&long);
+        let s = criu_output_gist(&long);
         assert!(s.len() <= REASON_LIMIT + 3 && s.ends_with("..."));
     }
 

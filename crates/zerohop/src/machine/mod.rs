@@ -34,8 +34,8 @@ mod gds;
 pub use availability::Availability;
 pub use cpus::available_cpus;
 pub use criu::{
-    criu_availability, criu_availability_from, parse_criu_version, CriuVersion, CRIU_ENV,
-    CRIU_HINT, CRIU_MIN_VERSION,
+    criu_availability, criu_availability_from, criu_output_gist, parse_criu_version, usable_criu,
+    CriuVersion, CRIU_ENV, CRIU_HINT, CRIU_MIN_VERSION,
 };
 pub use gds::{gds_support, GdsSupport};
 
