@@ -6,6 +6,8 @@
 # shellcheck shell=bash
 
 export PATH="$PWD/.stage/bin:$PATH"
+# The staged CRIU 4 (the machine has none): freeze/thaw and their tests.
+export ZEROHOP_CRIU="$PWD/.stage/criu/criu"
 HOT=/dev/shm/zerohop-bench.safetensors
 DISK=/var/tmp/zerohop-bench.safetensors
 SIZE=${ZEROHOP_BENCH_SIZE:-8GiB}
@@ -280,6 +282,17 @@ step_suspend() {
         --json-out "$OUT/suspend.json" 2>&1 | tee "$OUT/suspend.txt"
 }
 
+step_coldstart() {
+    # An inference server of a 16 GiB model: a fresh start against
+    # `zerohop thaw` of it frozen, zerohop's freeze against NVIDIA's
+    # flow (driver to host RAM + CRIU), tmpfs then disk (about 4
+    # minutes; ZEROHOP_COLDSTART_ARGS adds options).
+    ZEROHOP_WARM_GIB=${ZEROHOP_WARM_GIB:-64} warm_memory; install_wheels
+    # shellcheck disable=SC2086 # a list of options
+    PYTHONUNBUFFERED=1 python3 bench/coldstart.py --zerohop .stage/bin/zerohop ${ZEROHOP_COLDSTART_ARGS:-} \
+        --json-out "$OUT/coldstart.json" 2>&1 | tee "$OUT/coldstart.txt"
+    rm -rf /dev/shm/zerohop-coldstart /var/tmp/zerohop-coldstart
+}
 step_matrix() {
     # Every operation x every shape, first calls in fresh processes,
     # zerohop beside its peers (bench/matrix.py); ZEROHOP_MATRIX_ARGS

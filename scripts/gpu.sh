@@ -25,6 +25,10 @@ stage() {
     mkdir -p .stage/probe
     gcc -O2 -Wall -pthread -o .stage/probe/write_and_pin bench/probe/write_and_pin.c -ldl
     [ -f .tools/garage.xz ] && cp .tools/garage.xz .stage/
+    # CRIU 4 with its libraries, for freeze/thaw (scripts/build-criu.sh
+    # builds it; about 6 MiB).
+    [ -x .tools/criu/criu ] || { echo "no .tools/criu/criu: build it with scripts/build-criu.sh SRC"; exit 2; }
+    cp -r .tools/criu .stage/criu
     # The test targets that hold GPU tests (#[ignore = "needs an NVIDIA
     # GPU"] here); the rest run in CI. Fewer binaries keep the carried
     # tree under the device tool's size limit.
@@ -39,7 +43,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and exe and m["target"]["name"] in gpu:
         shutil.copy(exe, ".stage/tests/" + m["target"]["name"])
 '
-    strip .stage/bin/* .stage/tests/*
+    strip .stage/bin/* .stage/tests/* .stage/criu/bin/criu
     # maturin from the tests' virtual environment (never the system's
     # Python): scripts/test.sh makes it.
     local py=.venv/bin/python

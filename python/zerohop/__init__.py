@@ -4,7 +4,8 @@ Drop-in loading and saving of safetensors files (`load_file`, `safe_open`,
 `save_file`), checkpoints of nested training state (`zerohop.checkpoint`),
 raw reads and writes between files and any contiguous tensor or buffer
 (`read_into`, `write_from`), and GPU memory suspended to storage and
-resumed at the same addresses (`suspendable`, `suspend`, `resume`).
+resumed at the same addresses (`suspendable`, `suspend`, `resume`), and
+whole processes to a directory and back with CRIU (`freeze`, `thaw`).
 Tensors are always allocated by PyTorch (or NumPy; inside `suspendable`,
 PyTorch takes the memory from zerohop); zerohop moves bytes with the GIL
 released.
@@ -22,6 +23,7 @@ from typing import Any, Dict, Optional, Union
 
 from . import _buffers, _native, agent, checkpoint
 from ._native import IntegrityError
+from ._process import freeze, thaw
 from ._safetensors import TensorSlice, load_file, safe_open, save_file
 from ._suspend import resume, serve_suspend, suspend, suspendable
 
@@ -46,6 +48,7 @@ __all__ = [
     "TensorSlice",
     "agent",
     "checkpoint",
+    "freeze",
     "info",
     "load_file",
     "prepare",
@@ -56,6 +59,7 @@ __all__ = [
     "serve_suspend",
     "suspend",
     "suspendable",
+    "thaw",
     "write_from",
 ]
 

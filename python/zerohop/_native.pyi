@@ -68,6 +68,11 @@ def checkpoint_restore(
 def checkpoint_verify(at: str, progress: Any = None) -> Tuple[int, int]: ...  # (chunks, bytes)
 def checkpoint_list(store: str) -> List[Tuple[str, Optional[str], int, int]]: ...  # (name, parent, entries, bytes)
 def checkpoint_remove(at: str) -> None: ...
+def freeze(
+    pid: int, dir: str, leave_running: bool, parent: Optional[str], shell_job: bool, tcp_established: bool,
+    file_locks: bool, ext_unix_sk: bool, criu_args: List[str], lock_timeout: float,
+) -> str: ...  # FREEZE.json
+def thaw(dir: str, criu_args: List[str]) -> str: ...  # the thaw's report
 
 class AgentClient:
     def __init__(self, socket: Optional[str] = None) -> None: ...

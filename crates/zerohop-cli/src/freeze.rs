@@ -106,11 +106,17 @@ pub fn freeze(args: &FreezeArgs) -> Result<()> {
         s.criu_dump,
         human_bytes(report.image_bytes),
         s.seal,
-        match report.leave_running {
-            true => format!("the process runs on (GPU state back in {:.2} s)", s.resume),
-            false => "the process is stopped: `zerohop thaw` brings it back".into(),
+        match (report.leave_running, report.gpu) {
+            (true, GpuHalf::None) => "the process runs on".to_string(),
+            (true, _) => format!("the process runs on (GPU state back in {:.2} s)", s.resume),
+            (false, _) => "the process is stopped: `zerohop thaw` brings it back".into(),
         }
     );
+    if let Some(parent) = &report.parent {
+        println!(
+            "incremental on the snapshot in {parent} (relative to this freeze); a thaw needs both"
+        );
+    }
     Ok(())
 }
 

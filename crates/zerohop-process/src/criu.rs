@@ -36,6 +36,18 @@ impl Criu {
         Ok(Criu { path, version })
     }
 
+    /// Whether this kernel lets CRIU track memory changes (soft-dirty
+    /// pages), which an incremental dump needs.
+    pub fn tracks_memory(&self) -> bool {
+        Command::new(&self.path)
+            .args(["check", "--feature", "mem_dirty_track"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     /// `criu dump` of `dump.pid` into `images`, its log in `work`.
     pub fn dump(&self, dump: &Dump, images: &Path, work: &Path, flags: &[String]) -> Result<()> {
         let mut args: Vec<String> = vec!["dump".into(), "-t".into(), dump.pid.to_string()];

@@ -71,11 +71,11 @@ impl CriuFlags {
 #[derive(Debug, Clone)]
 pub struct FreezeOptions {
     /// A snapshot: the process runs on after the freeze, its GPU state
-    /// back. CRIU then tracks its memory changes, so that a later freeze
-    /// can name this one as its `parent`.
+    /// back, and a later freeze can name this one as its `parent`.
     pub leave_running: bool,
     /// An earlier snapshot of the same process: only what changed since
-    /// is written (CRIU's memory pages and zerohop's GPU chunks).
+    /// is written (zerohop's GPU chunks, and CRIU's memory pages where the
+    /// snapshot's were tracked).
     pub parent: Option<PathBuf>,
     pub criu: CriuFlags,
     /// How long the driver may wait for the process's CUDA calls in
@@ -121,7 +121,9 @@ pub struct FreezeReport {
     pub criu_version: String,
     pub criu: CriuFlags,
     pub leave_running: bool,
-    /// Whether CRIU tracks memory changes from this freeze on.
+    /// Whether CRIU tracks memory changes from this freeze on: a snapshot's
+    /// does where the kernel can (soft-dirty pages), so that a freeze
+    /// naming it as parent writes only the pages changed since.
     pub track_mem: bool,
     /// The parent freeze's directory, relative to this one.
     pub parent: Option<String>,
@@ -208,9 +210,9 @@ fn parent_of_incremental(pid: u32, dir: &Path) -> Result<Parent> {
             manifest.pid
         )));
     }
-    if !manifest.track_mem {
+    if !manifest.leave_running {
         return Err(Error::invalid(format!(
-            "{} is no snapshot (it was not frozen with leave_running): CRIU tracks memory changes only from a snapshot on",
+            "{} is no snapshot (it was not frozen with leave_running): the process it froze is gone",
             dir.display()
         )));
     }
@@ -257,11 +259,14 @@ fn freeze_in(
         None => e,
     };
     let images = dir.join(IMAGES);
+    // Without tracked memory in the parent CRIU writes every page again;
+    // the GPU half is incremental all the same.
     let prev_images = parent
+        .filter(|p| p.manifest.track_mem)
         .map(|p| relative_to(&images, &p.dir.join(IMAGES)))
         .transpose()
         .map_err(undo)?;
-    let track_mem = options.leave_running;
+    let track_mem = options.leave_running && criu.tracks_memory();
     let dump = Dump {
         pid,
         leave_running: options.leave_running,

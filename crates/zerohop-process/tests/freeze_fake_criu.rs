@@ -36,6 +36,7 @@ impl Case {
             "FAKE_CRIU_FAIL",
             "FAKE_CRIU_VERSION",
             "FAKE_CRIU_RESTORE_PID",
+            "FAKE_CRIU_NO_TRACK",
         ] {
             std::env::remove_var(v);
         }
@@ -44,6 +45,12 @@ impl Case {
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
+    }
+
+    /// CRIU's dumps so far, one line of arguments each.
+    fn dumps(&self) -> Vec<String> {
+        let dump = |c: &String| c.starts_with("dump ");
+        self.calls().into_iter().filter(dump).collect()
     }
 
     /// CRIU's calls so far, one line of arguments each.
@@ -158,7 +165,7 @@ fn a_snapshot_runs_on_and_a_later_freeze_writes_only_what_changed() {
     assert!(still_runs(&mut child));
     assert!(report.track_mem && report.parent.is_none());
     assert!(
-        case.calls()[1].ends_with("--leave-running --track-mem"),
+        case.dumps()[0].ends_with("--leave-running --track-mem"),
         "{:?}",
         case.calls()
     );
@@ -180,10 +187,7 @@ fn a_snapshot_runs_on_and_a_later_freeze_writes_only_what_changed() {
     assert_eq!(report.parent.as_deref(), Some("../first"));
     assert!(!report.track_mem);
     assert!(
-        case.calls()
-            .last()
-            .unwrap()
-            .ends_with("--prev-images-dir ../../first/images"),
+        case.dumps()[1].ends_with("--prev-images-dir ../../first/images"),
         "{:?}",
         case.calls()
     );
@@ -337,4 +341,39 @@ fn bad_requests_are_refused_before_anything_is_touched() {
     let e = freeze(pid, &case.path("zombie"), &options()).unwrap_err();
     assert!(e.to_string().contains("zombie"), "{e}");
     child.wait().unwrap();
+}
+
+#[test]
+fn without_tracked_memory_a_later_freeze_writes_every_page_again() {
+    let case = Case::new("untracked");
+    std::env::set_var("FAKE_CRIU_NO_TRACK", "1");
+    let mut child = sleeper();
+    let pid = child.id();
+    let first = case.path("first");
+    let snap = FreezeOptions {
+        leave_running: true,
+        ..options()
+    };
+    let report = freeze(pid, &first, &snap).unwrap();
+    assert!(!report.track_mem && still_runs(&mut child));
+    assert!(
+        case.dumps()[0].ends_with("--leave-running"),
+        "{:?}",
+        case.calls()
+    );
+    let second = case.path("second");
+    let incremental = FreezeOptions {
+        parent: Some(first.clone()),
+        ..options()
+    };
+    let report = freeze(pid, &second, &incremental).unwrap();
+    assert!(was_killed(&mut child));
+    assert_eq!(report.parent.as_deref(), Some("../first"));
+    assert!(
+        !case.dumps()[1].contains("--prev-images-dir"),
+        "{:?}",
+        case.calls()
+    );
+    assert!(!second.join("images/parent").exists());
+    thaw(&second, &[]).unwrap();
 }

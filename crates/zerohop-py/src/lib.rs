@@ -11,6 +11,7 @@ mod agent;
 mod checkpoint;
 mod engines;
 mod errors;
+mod process;
 mod progress;
 mod progress_line;
 mod suspend;
@@ -43,6 +44,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_list, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_remove, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checksums, m)?)?;
+    m.add_function(wrap_pyfunction!(process::freeze, m)?)?;
+    m.add_function(wrap_pyfunction!(process::thaw, m)?)?;
     m.add_function(wrap_pyfunction!(suspend::heap_alloc, m)?)?;
     m.add_function(wrap_pyfunction!(suspend::heap_free, m)?)?;
     m.add_function(wrap_pyfunction!(suspend::heap_state, m)?)?;
