@@ -33,7 +33,8 @@ def freeze(
     then CRIU's dump of everything else; durable when this returns, with
     `dir/FREEZE.json` written last. The process is gone afterwards unless
     `leave_running` (a snapshot, which a later freeze can name as its
-    `parent` to write only what changed). `shell_job`, `tcp_established`,
+    `parent`: CRIU then writes only the host memory pages changed since,
+    where the kernel tracks them; GPU memory is written whole). `shell_job`, `tcp_established`,
     `file_locks`, `ext_unix_sk` and `criu_args` go to CRIU's dump and, from
     the manifest, to the thaw's restore. On failure the process runs on as
     it was and `dir` is removed. Returns the manifest."""

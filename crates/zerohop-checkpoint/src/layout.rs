@@ -11,6 +11,12 @@ use zerohop::safetensors::{layout, Dtype, TensorToSave};
 use zerohop::storage::SinkFile;
 use zerohop::{DeviceBuffer, Engine, Result};
 
+/// The least a data file holds where the caller names no shard count:
+/// small saves gain nothing from more files, and an object store copies
+/// unchanged ranges of a file only past its first part (which holds the
+/// header), so files of several parts keep incremental saves incremental.
+const MIN_SHARE: u64 = 16 << 20;
+
 /// A new checkpoint's data files, created and sized, and what goes where.
 pub(crate) struct SaveLayout {
     /// The data files, open for writing.
@@ -36,7 +42,16 @@ impl SaveLayout {
         base: &Baseline,
         opts: &SaveOptions,
     ) -> Result<SaveLayout> {
-        let n = opts.shards.unwrap_or(engine.config().io_threads).max(1);
+        let total: u64 = regions.iter().map(|r| r.data.len() as u64).sum();
+        let n = opts
+            .shards
+            .unwrap_or_else(|| {
+                engine
+                    .config()
+                    .io_threads
+                    .min(total.div_ceil(MIN_SHARE) as usize)
+            })
+            .max(1);
         let pieces = split(regions, n, opts.chunk_bytes);
         let mut metadata = opts.metadata.clone();
         metadata.insert("format".into(), "zerohop-checkpoint".into());

@@ -19,8 +19,9 @@ pub struct FreezeArgs {
     /// Take a snapshot: the process runs on, its GPU state back.
     #[arg(long)]
     pub leave_running: bool,
-    /// An earlier snapshot (--leave-running) of the same process: only
-    /// what changed since is written (default: none, all of it).
+    /// An earlier snapshot (--leave-running) of the same process: CRIU
+    /// writes only the host memory pages changed since, where the kernel
+    /// tracks them (GPU memory is written whole; default: none).
     #[arg(long)]
     pub parent: Option<PathBuf>,
     /// The process was started from a shell (it shares the shell's

@@ -73,9 +73,9 @@ pub struct FreezeOptions {
     /// A snapshot: the process runs on after the freeze, its GPU state
     /// back, and a later freeze can name this one as its `parent`.
     pub leave_running: bool,
-    /// An earlier snapshot of the same process: only what changed since
-    /// is written (zerohop's GPU chunks, and CRIU's memory pages where the
-    /// snapshot's were tracked).
+    /// An earlier snapshot of the same process: CRIU writes only the host
+    /// memory pages changed since, where the snapshot's were tracked (the
+    /// GPU memory is written whole).
     pub parent: Option<PathBuf>,
     pub criu: CriuFlags,
     /// How long the driver may wait for the process's CUDA calls in
@@ -125,7 +125,8 @@ pub struct FreezeReport {
     /// does where the kernel can (soft-dirty pages), so that a freeze
     /// naming it as parent writes only the pages changed since.
     pub track_mem: bool,
-    /// The parent freeze's directory, relative to this one.
+    /// The parent freeze's directory, relative to this one, where CRIU
+    /// wrote only the pages changed since it (a thaw then needs it too).
     pub parent: Option<String>,
     pub images: Vec<ImageFile>,
     pub image_bytes: u64,
@@ -233,17 +234,15 @@ fn freeze_in(
 ) -> Result<FreezeReport> {
     let gpu_dir = dir.join(GPU);
     let gpu_checkpoint = match has_gpu_state {
-        true => {
-            let parent_gpu = parent
-                .filter(|p| p.manifest.gpu == GpuHalf::Zerohop)
-                .map(|p| p.dir.join(GPU));
-            Some(gpu_state::checkpoint(
-                pid,
-                &gpu_dir,
-                parent_gpu.as_deref(),
-                options.lock_timeout,
-            )?)
-        }
+        // Written whole even for an incremental freeze: a zerohop
+        // checkpoint references chunks only in sibling checkpoints of its
+        // store, and each freeze keeps its own GPU directory.
+        true => Some(gpu_state::checkpoint(
+            pid,
+            &gpu_dir,
+            None,
+            options.lock_timeout,
+        )?),
         false => None,
     };
     let gpu_seconds = start.elapsed().as_secs_f64();
@@ -302,6 +301,7 @@ fn freeze_in(
         leave_running: options.leave_running,
         track_mem,
         parent: parent
+            .filter(|_| prev_images.is_some())
             .map(|p| relative_to(dir, &p.dir).map(|r| r.display().to_string()))
             .transpose()?,
         image_bytes: files.iter().map(|f| f.size).sum(),
