@@ -151,3 +151,21 @@ def test_real_criu_freezes_and_thaws_a_gpu_process_through_the_driver(tmp_path):
     gpu()
     snapshot, frozen, back = freeze_and_thaw(tmp_path, "driver", 512)
     assert frozen["gpu"] == "driver" and back["gpu_bytes"] == 0
+
+
+def test_a_snapshot_of_a_gpu_process_outlives_the_process(tmp_path):
+    gpu()
+    real_criu()
+    work = tmp_path / "spool"
+    p = spool.start(work, "zerohop", 256)
+    try:
+        zerohop.freeze(p.pid, tmp_path / "snap", leave_running=True)
+        p.kill()  # the machine loses the process after the freeze returned
+        p.wait()
+        back = zerohop.thaw(tmp_path / "snap")
+        assert back["pid"] == p.pid and back["gpu_bytes"] >= 256 << 20
+        assert spool.ask(work, "check") == "intact"
+        assert spool.ask(work, "stop") == "stopping" and spool.gone(p.pid, 10)
+    finally:
+        if not spool.gone(p.pid, 0):
+            os.kill(p.pid, signal.SIGKILL)
