@@ -89,7 +89,7 @@ def serve(spool: str, model: str, mode: str) -> None:
 
     def infer():
         graph.replay()
-        return hashlib.sha256(bytes(out.view(torch.uint8).cpu().tolist())).hexdigest()
+        return hashlib.sha256(out.reshape(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
     def digest():
         sums = [int(t.view(torch.int16).sum(dtype=torch.int64)) for t in weights.values() if t.element_size() == 2]
