@@ -231,6 +231,8 @@ def drop_caches() -> None:
 def row(args, flow: str, where: str, base: str, model: str, n: int) -> dict:
     spool = os.path.join(base, f"spool-{n}")
     frozen = os.path.join(base, f"frozen-{n}")
+    for stale in (spool, frozen):  # an interrupted run's
+        shutil.rmtree(stale, ignore_errors=True)
     os.makedirs(spool)
     out = open(os.path.join(spool, "output"), "w")
     mode = "zerohop" if flow == "zerohop" else "driver"
