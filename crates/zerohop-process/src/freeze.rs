@@ -424,14 +424,42 @@ pub fn read_manifest(dir: &Path) -> Result<FreezeReport> {
         Error::io(&path, "cannot read", e)
             .context(format!("{} holds no finished freeze", dir.display()))
     })?;
-    let manifest: FreezeReport = serde_json::from_slice(&bytes)
-        .map_err(|e| Error::with_source(ErrorKind::Format, format!("{}", path.display()), e))?;
+    decode_manifest(&bytes).map_err(|e| e.context(format!("{}", path.display())))
+}
+
+/// A manifest from its bytes (untrusted: a freeze directory may come from
+/// anywhere), checked to hold together: its format, image names that stay
+/// in the image directory, one sum per chunk, the bytes they add up to,
+/// and a parent that is a relative path.
+pub fn decode_manifest(bytes: &[u8]) -> Result<FreezeReport> {
+    let manifest: FreezeReport = serde_json::from_slice(bytes)
+        .map_err(|e| Error::with_source(ErrorKind::Format, "not a freeze manifest", e))?;
     if manifest.format != FORMAT {
         return Err(Error::format(format!(
-            "{} is {:?}, not {FORMAT:?}",
-            path.display(),
+            "the format is {:?}, not {FORMAT:?}",
             manifest.format
         )));
+    }
+    image_sums::validate(&manifest.images)?;
+    let total = manifest
+        .images
+        .iter()
+        .try_fold(0u64, |sum, f| sum.checked_add(f.size));
+    if total != Some(manifest.image_bytes) {
+        return Err(Error::format(format!(
+            "image_bytes is {}, not the images' sum",
+            manifest.image_bytes
+        )));
+    }
+    if let Some(parent) = &manifest.parent {
+        let relative = Path::new(parent)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::ParentDir));
+        if parent.is_empty() || !relative {
+            return Err(Error::format(format!(
+                "the parent {parent:?} is not a path relative to the freeze"
+            )));
+        }
     }
     Ok(manifest)
 }
@@ -493,6 +521,42 @@ mod tests {
         assert_eq!(rel("/f/b", "/f/a"), Path::new("../a"));
         assert_eq!(rel("/f/b/../c", "/f/a"), Path::new("../a"));
         assert_eq!(rel("/f", "/f/a"), Path::new("a"));
+    }
+
+    #[test]
+    fn a_manifest_that_does_not_hold_together_is_refused() {
+        let good = serde_json::json!({
+            "format": FORMAT, "pid": 7, "gpu": "none", "gpu_checkpoint": null,
+            "criu_version": "4.2", "criu": CriuFlags::default(), "leave_running": false,
+            "track_mem": false, "parent": "../snap",
+            "images": [{"name": "core-7.img", "size": 10, "xxh3": ["0123456789abcdef"]}],
+            "image_bytes": 10, "seconds": FreezeSeconds::default(),
+        });
+        let decode = |v: &serde_json::Value| decode_manifest(v.to_string().as_bytes());
+        assert_eq!(decode(&good).unwrap().images[0].name, "core-7.img");
+        let bad = |path: &str, value: serde_json::Value, why: &str| {
+            let mut v = good.clone();
+            *v.pointer_mut(path).unwrap() = value;
+            let e = decode(&v).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Format, "{e}");
+            assert!(e.to_string().contains(why), "{path}: {e}");
+        };
+        bad("/images/0/name", "../core-7.img".into(), "no image name");
+        bad("/images/0/name", "..".into(), "no image name");
+        bad(
+            "/images/0/xxh3",
+            serde_json::json!([]),
+            "has 0 sums for 10 bytes",
+        );
+        bad("/images/0/xxh3/0", "xyz".into(), "16 hex digits");
+        bad("/image_bytes", 11.into(), "not the images' sum");
+        bad("/parent", "/etc".into(), "not a path relative");
+        bad(
+            "/format",
+            "zerohop-freeze/9".into(),
+            "not \"zerohop-freeze/1\"",
+        );
+        assert!(decode_manifest(b"{").is_err());
     }
 
     #[test]

@@ -72,6 +72,32 @@ pub fn seal(dir: &Path) -> Result<Vec<ImageFile>> {
         .collect())
 }
 
+/// Checks that `files` can describe a directory: plain, distinct names
+/// (nothing that leads out of it), and one 16-digit hex sum per [`CHUNK`].
+pub fn validate(files: &[ImageFile]) -> Result<()> {
+    let mut names = std::collections::HashSet::new();
+    for f in files {
+        let plain =
+            !f.name.is_empty() && f.name != "." && f.name != ".." && !f.name.contains(['/', '\0']);
+        if !plain || !names.insert(f.name.as_str()) {
+            return Err(Error::format(format!(
+                "{:?} is no image name (a plain file name, listed once)",
+                f.name
+            )));
+        }
+        let hex = |h: &String| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit());
+        if f.xxh3.len() as u64 != f.size.div_ceil(CHUNK) || !f.xxh3.iter().all(hex) {
+            return Err(Error::format(format!(
+                "the entry for {} has {} sums for {} bytes, or sums that are not 16 hex digits",
+                f.name,
+                f.xxh3.len(),
+                f.size
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Files CRIU itself writes into an image directory when it restores
 /// from it, which a later check must let be.
 const WRITTEN_BY_RESTORE: &[&str] = &["stats-restore"];
@@ -81,6 +107,7 @@ const WRITTEN_BY_RESTORE: &[&str] = &["stats-restore"];
 /// restore writes). The error names the first file (and byte range) that
 /// does not match.
 pub fn check(dir: &Path, files: &[ImageFile]) -> Result<()> {
+    validate(files)?;
     for f in files {
         let path = dir.join(&f.name);
         let meta = std::fs::symlink_metadata(&path).map_err(|e| {
@@ -96,14 +123,6 @@ pub fn check(dir: &Path, files: &[ImageFile]) -> Result<()> {
                     f.size
                 ),
             ));
-        }
-        if f.xxh3.len() as u64 != f.size.div_ceil(CHUNK) {
-            return Err(Error::format(format!(
-                "the manifest's entry for {} has {} sums for {} bytes",
-                f.name,
-                f.xxh3.len(),
-                f.size
-            )));
         }
     }
     let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "cannot list", e))?;
