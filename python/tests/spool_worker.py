@@ -30,43 +30,13 @@ if mode == "cpu":
 else:
     import contextlib
 
-    import torch
+    import gpu_workload
 
     import zerohop
 
-    torch.manual_seed(3)
     where = zerohop.suspendable() if mode == "zerohop" else contextlib.nullcontext()
-    with where:
-        layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=8, dim_feedforward=1024, batch_first=True,
-                                                 device="cuda").eval()
-        x = torch.randn(4, 64, 256, device="cuda")
-        filler = [torch.randn(64 << 18, device="cuda") for _ in range(mib // 64)]  # 64 MiB each
-    with torch.no_grad():
-        want_eager = layer(x)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            layer(x)  # warm-up before capture, as CUDA graphs need
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = layer(x)
-        graph.replay()
-        want_graph = out.clone()
-    sums = [int(t.view(torch.int32).sum(dtype=torch.int64)) for t in filler]
-    torch.cuda.synchronize()
+    check, pool = gpu_workload.build(where, mib)
     server = zerohop.serve_suspend(lock=lock) if mode == "zerohop" else None
-
-    def check():
-        with torch.no_grad():
-            out.zero_()
-            graph.replay()
-            same = {
-                "eager": torch.equal(layer(x), want_eager),
-                "graph": torch.equal(out, want_graph),
-                "filler": [int(t.view(torch.int32).sum(dtype=torch.int64)) for t in filler] == sums,
-            }
-        return [k for k, v in same.items() if not v]
 
 
 def answer(name, text):

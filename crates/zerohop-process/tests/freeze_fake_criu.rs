@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use zerohop::ErrorKind;
 use zerohop_process::freeze::{read_manifest, GpuHalf};
-use zerohop_process::{freeze, thaw, CriuFlags, FreezeOptions};
+use zerohop_process::{freeze, thaw, CriuFlags, FreezeOptions, FreezeReport};
 
 /// The fake is chosen and steered through the environment, which every
 /// test of this binary shares: they take turns.
@@ -151,9 +151,16 @@ fn a_freeze_stops_the_process_and_a_thaw_restores_it_with_the_same_flags() {
     thaw(&dir, &[]).unwrap();
 }
 
-#[test]
-fn a_snapshot_runs_on_and_a_later_freeze_writes_only_what_changed() {
-    let case = Case::new("snapshot");
+/// A snapshot of a sleeping process into `first`, a thaw refused while it
+/// runs, then a freeze of it into `second` naming the snapshot as parent.
+struct Chain {
+    first: PathBuf,
+    second: PathBuf,
+    snapshot: FreezeReport,
+    frozen: FreezeReport,
+}
+
+fn snapshot_then_freeze(case: &Case) -> Chain {
     let mut child = sleeper();
     let pid = child.id();
     let first = case.path("first");
@@ -161,14 +168,8 @@ fn a_snapshot_runs_on_and_a_later_freeze_writes_only_what_changed() {
         leave_running: true,
         ..options()
     };
-    let report = freeze(pid, &first, &snap).unwrap();
-    assert!(still_runs(&mut child));
-    assert!(report.track_mem && report.parent.is_none());
-    assert!(
-        case.dumps()[0].ends_with("--leave-running --track-mem"),
-        "{:?}",
-        case.calls()
-    );
+    let snapshot = freeze(pid, &first, &snap).unwrap();
+    assert!(still_runs(&mut child) && snapshot.parent.is_none());
     // The process still runs under its pid: a thaw would meet it.
     let e = thaw(&first, &[]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
@@ -176,20 +177,40 @@ fn a_snapshot_runs_on_and_a_later_freeze_writes_only_what_changed() {
         e.to_string().contains(&format!("process {pid} exists")),
         "{e}"
     );
-
     let second = case.path("second");
     let incremental = FreezeOptions {
         parent: Some(first.clone()),
         ..options()
     };
-    let report = freeze(pid, &second, &incremental).unwrap();
-    assert!(was_killed(&mut child));
-    assert_eq!(report.parent.as_deref(), Some("../first"));
-    assert!(!report.track_mem);
+    let frozen = freeze(pid, &second, &incremental).unwrap();
+    assert!(was_killed(&mut child) && !frozen.track_mem);
+    Chain {
+        first,
+        second,
+        snapshot,
+        frozen,
+    }
+}
+
+#[test]
+fn a_snapshot_runs_on_and_a_later_freeze_writes_only_what_changed() {
+    let case = Case::new("snapshot");
+    let Chain {
+        first,
+        second,
+        snapshot,
+        frozen,
+    } = snapshot_then_freeze(&case);
+    assert!(snapshot.track_mem);
+    let dumps = case.dumps();
     assert!(
-        case.dumps()[1].ends_with("--prev-images-dir ../../first/images"),
-        "{:?}",
-        case.calls()
+        dumps[0].ends_with("--leave-running --track-mem"),
+        "{dumps:?}"
+    );
+    assert_eq!(frozen.parent.as_deref(), Some("../first"));
+    assert!(
+        dumps[1].ends_with("--prev-images-dir ../../first/images"),
+        "{dumps:?}"
     );
     assert_eq!(
         std::fs::read_link(second.join("images/parent")).unwrap(),
@@ -347,33 +368,17 @@ fn bad_requests_are_refused_before_anything_is_touched() {
 fn without_tracked_memory_a_later_freeze_writes_every_page_again() {
     let case = Case::new("untracked");
     std::env::set_var("FAKE_CRIU_NO_TRACK", "1");
-    let mut child = sleeper();
-    let pid = child.id();
-    let first = case.path("first");
-    let snap = FreezeOptions {
-        leave_running: true,
-        ..options()
-    };
-    let report = freeze(pid, &first, &snap).unwrap();
-    assert!(!report.track_mem && still_runs(&mut child));
-    assert!(
-        case.dumps()[0].ends_with("--leave-running"),
-        "{:?}",
-        case.calls()
-    );
-    let second = case.path("second");
-    let incremental = FreezeOptions {
-        parent: Some(first.clone()),
-        ..options()
-    };
-    let report = freeze(pid, &second, &incremental).unwrap();
-    assert!(was_killed(&mut child));
-    assert_eq!(report.parent, None, "the parent is not needed to thaw");
-    assert!(
-        !case.dumps()[1].contains("--prev-images-dir"),
-        "{:?}",
-        case.calls()
-    );
+    let Chain {
+        first,
+        second,
+        snapshot,
+        frozen,
+    } = snapshot_then_freeze(&case);
+    assert!(!snapshot.track_mem);
+    let dumps = case.dumps();
+    assert!(dumps[0].ends_with("--leave-running"), "{dumps:?}");
+    assert_eq!(frozen.parent, None, "the parent is not needed to thaw");
+    assert!(!dumps[1].contains("--prev-images-dir"), "{dumps:?}");
     std::fs::remove_dir_all(&first).unwrap();
     assert!(!second.join("images/parent").exists());
     thaw(&second, &[]).unwrap();
