@@ -1,6 +1,6 @@
 """A process CRIU can freeze and thaw whole: nothing ties it to the test
 (stdin is /dev/null, its output goes to a file, it leads its own session),
-and it takes requests as files in a spool directory (spool.py).
+and it takes requests as files in a spool directory (test_freeze.py drives it).
 
     spool_worker.py SPOOL MODE MIB
 

@@ -3,13 +3,15 @@ the manifest, the checks before a restore), and against the real CRIU 4
 where ZEROHOP_CRIU names one and this runs as root: a CPU process here, a
 PyTorch process with its GPU state on a GPU machine."""
 
+import itertools
 import json
 import os
 import signal
 import subprocess
+import sys
+import time
 
 import pytest
-import spool
 
 import zerohop
 
@@ -89,6 +91,67 @@ def test_a_failed_freeze_leaves_the_process_running_and_bad_requests_are_refused
     assert fake.poll() is None and not (tmp_path / "f").exists()
 
 
+# spool_worker.py, started detached from the test and asked things through
+# files, which survive its freeze and thaw (a pipe to the test would not).
+_numbers = itertools.count()
+
+
+def start_worker(spool, mode, mib, timeout=120):
+    """Starts spool_worker.py in `spool` (a new directory) and waits until
+    it is ready. Returns its Popen."""
+    os.makedirs(spool)
+    out = open(os.path.join(spool, "output"), "w")
+    worker = os.path.join(os.path.dirname(__file__), "spool_worker.py")
+    p = subprocess.Popen([sys.executable, worker, str(spool), mode, str(mib)],
+                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    out.close()
+    wait_for(spool, "ready", timeout, p)
+    return p
+
+
+def wait_for(spool, name, timeout, p=None):
+    path = os.path.join(spool, name + ".ans")
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if p is not None and p.poll() is not None:
+            raise AssertionError(f"the worker exited ({p.returncode}): {output(spool)}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {name} from the worker in {timeout} s: {output(spool)}")
+        time.sleep(0.005)
+    with open(path) as f:
+        text = f.read()
+    os.unlink(path)
+    return text
+
+
+def ask(spool, command, timeout=60):
+    name = f"{next(_numbers):06d}"
+    tmp = os.path.join(spool, name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(command)
+    os.rename(tmp, os.path.join(spool, name + ".req"))
+    return wait_for(spool, name, timeout)
+
+
+def output(spool):
+    with open(os.path.join(spool, "output")) as f:
+        return f.read()[-2000:]
+
+
+def gone(pid, timeout):
+    """Waits until process `pid` is gone or a zombie; whether it is."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def real_criu():
     if not REAL_CRIU:
         pytest.skip("ZEROHOP_CRIU does not name a CRIU 4 (scripts/build-criu.sh builds one)")
@@ -101,28 +164,28 @@ def freeze_and_thaw(tmp_path, mode, mib):
     thawed, intact at every step and quick to stop after the thaw."""
     real_criu()
     work = tmp_path / "spool"
-    p = spool.start(work, mode, mib)
+    p = start_worker(work, mode, mib)
     try:
-        assert spool.ask(work, "check") == "intact"
+        assert ask(work, "check") == "intact"
         snapshot = zerohop.freeze(p.pid, tmp_path / "snap", leave_running=True)
-        assert snapshot["leave_running"] and spool.ask(work, "check") == "intact"
+        assert snapshot["leave_running"] and ask(work, "check") == "intact"
         frozen = zerohop.freeze(p.pid, tmp_path / "frozen", parent=tmp_path / "snap")
         assert frozen["parent"] == ("../snap" if snapshot["track_mem"] else None)
         # Its pid must be free for the thaw: reap what the dump ended.
         assert p.wait(timeout=30) == -signal.SIGKILL
         back = zerohop.thaw(tmp_path / "frozen")
         assert back["pid"] == p.pid and back["gpu"] == frozen["gpu"]
-        assert spool.ask(work, "pid") == str(p.pid)
-        assert spool.ask(work, "check") == "intact"
-        assert spool.ask(work, "stop") == "stopping"
+        assert ask(work, "pid") == str(p.pid)
+        assert ask(work, "check") == "intact"
+        assert ask(work, "stop") == "stopping"
         # A thawed process is no child of this one: it is seen to end, not reaped here.
-        assert spool.gone(p.pid, 10), "the thawed process did not exit within 10 s of being told to"
+        assert gone(p.pid, 10), "the thawed process did not exit within 10 s of being told to"
         return snapshot, frozen, back
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
-        elif not spool.gone(p.pid, 0):
+        elif not gone(p.pid, 0):
             os.kill(p.pid, signal.SIGKILL)
 
 
@@ -157,15 +220,15 @@ def test_a_snapshot_of_a_gpu_process_outlives_the_process(tmp_path):
     gpu()
     real_criu()
     work = tmp_path / "spool"
-    p = spool.start(work, "zerohop", 256)
+    p = start_worker(work, "zerohop", 256)
     try:
         zerohop.freeze(p.pid, tmp_path / "snap", leave_running=True)
         p.kill()  # the machine loses the process after the freeze returned
         p.wait()
         back = zerohop.thaw(tmp_path / "snap")
         assert back["pid"] == p.pid and back["gpu_bytes"] >= 256 << 20
-        assert spool.ask(work, "check") == "intact"
-        assert spool.ask(work, "stop") == "stopping" and spool.gone(p.pid, 10)
+        assert ask(work, "check") == "intact"
+        assert ask(work, "stop") == "stopping" and gone(p.pid, 10)
     finally:
-        if not spool.gone(p.pid, 0):
+        if not gone(p.pid, 0):
             os.kill(p.pid, signal.SIGKILL)
