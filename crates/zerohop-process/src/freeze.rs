@@ -21,10 +21,9 @@ use crate::gpu_state::{self, GpuCheckpoint};
 use crate::image_sums::{self, ImageFile};
 use crate::proc_fs::{self, expect_exists};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
-use zerohop::storage::atomic::{commit_new, create_dir_durable, temp_sibling};
+use zerohop::storage::atomic::{create_dir_durable, write_new};
 use zerohop::{Error, ErrorKind, Result};
 
 const MANIFEST: &str = "FREEZE.json";
@@ -465,13 +464,8 @@ pub fn decode_manifest(bytes: &[u8]) -> Result<FreezeReport> {
 }
 
 fn write_manifest(dir: &Path, manifest: &FreezeReport) -> Result<()> {
-    let target = dir.join(MANIFEST);
-    let tmp = temp_sibling(&target)?;
-    let io = |e| Error::io(&tmp, "cannot write", e);
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
     let json = serde_json::to_vec_pretty(manifest).expect("a manifest serializes");
-    f.write_all(&json).and_then(|()| f.sync_all()).map_err(io)?;
-    commit_new(&tmp, &target)
+    write_new(&dir.join(MANIFEST), &json)
 }
 
 /// `to` as a path relative to the directory `from` (both made absolute

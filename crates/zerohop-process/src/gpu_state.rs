@@ -13,10 +13,9 @@
 use crate::proc_fs::{expect_exists, resident_bytes};
 use crate::suspend_client::{absolute, ask_suspend, serves_suspend};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use zerohop::storage::atomic::{commit_new, create_dir_durable, temp_sibling};
+use zerohop::storage::atomic::{create_dir_durable, write_new};
 use zerohop::{Error, ErrorKind, Result};
 use zerohop_cuda::{ProcessCheckpoint, ProcessState};
 use zerohop_wire::suspend::SuspendRequest;
@@ -204,13 +203,8 @@ fn expect_state(api: &ProcessCheckpoint, pid: u32, want: ProcessState, what: &st
 }
 
 fn write_record(dir: &Path, record: &GpuCheckpoint) -> Result<()> {
-    let target = dir.join(RECORD);
-    let tmp = temp_sibling(&target)?;
-    let io = |e| Error::io(&tmp, "cannot write", e);
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
     let json = serde_json::to_vec_pretty(record).expect("a record serializes");
-    f.write_all(&json).and_then(|()| f.sync_all()).map_err(io)?;
-    commit_new(&tmp, &target)
+    write_new(&dir.join(RECORD), &json)
 }
 
 /// The record of a finished checkpoint in `dir`.

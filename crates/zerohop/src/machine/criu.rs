@@ -105,35 +105,25 @@ pub fn criu_availability_from(
     criu_env: Option<OsString>,
     path_env: Option<OsString>,
 ) -> Availability {
-    let criu = match locate_criu(criu_env.as_deref(), path_env.as_deref()) {
-        Ok(p) => p,
-        Err(why) => return Availability::unavailable(format!("not available: {why}; {CRIU_HINT}")),
-    };
-    let shown = criu.display();
-    let output = match run_with_timeout(&criu, "--version", VERSION_TIMEOUT) {
-        Ok((_, output)) => output,
-        Err(why) => {
-            return Availability::unavailable(format!(
-                "not available: `{shown} --version` {why}; {CRIU_HINT}"
-            ))
+    let (criu, version) = match versioned_criu(criu_env.as_deref(), path_env.as_deref()) {
+        Ok(found) => found,
+        Err((why, None)) => {
+            return Availability::unavailable(format!("not available: {why}; {CRIU_HINT}"))
+        }
+        Err((why, Some(version))) => {
+            return Availability {
+                available: false,
+                version: Some(version.to_string()),
+                why_not: Some(format!("{why}; {CRIU_HINT}")),
+            }
         }
     };
-    let Some(version) = parse_criu_version(&output) else {
-        return Availability::unavailable(format!(
-            "not available: `{shown} --version` gives no version ({}); {CRIU_HINT}",
-            criu_output_gist(&output)
-        ));
-    };
+    let shown = criu.display();
     let unavailable_at = |why: String| Availability {
         available: false,
         version: Some(version.to_string()),
         why_not: Some(why),
     };
-    if !version.is_supported() {
-        return unavailable_at(format!(
-            "{shown} is CRIU {version}, older than {CRIU_MIN_VERSION}; {CRIU_HINT}"
-        ));
-    }
     match run_with_timeout(&criu, "check", CHECK_TIMEOUT) {
         Ok((status, _)) if status.success() => Availability::available(Some(version.to_string())),
         Ok((status, output)) => unavailable_at(format!(
@@ -149,24 +139,33 @@ pub fn criu_availability_from(
 /// (seconds), so a freeze does not wait for it; a CRIU that cannot
 /// checkpoint here says so when it runs.
 pub fn usable_criu() -> Result<(PathBuf, CriuVersion), String> {
-    let criu = locate_criu(
+    versioned_criu(
         std::env::var_os(CRIU_ENV).as_deref(),
         std::env::var_os("PATH").as_deref(),
     )
-    .map_err(|why| format!("no CRIU: {why}; {CRIU_HINT}"))?;
+    .map_err(|(why, _)| format!("no usable CRIU: {why}; {CRIU_HINT}"))
+}
+
+/// The CRIU of `criu_env` or `path_env` and its version, 4.0 or later;
+/// else why not, with the version where `--version` gave one.
+fn versioned_criu(
+    criu_env: Option<&OsStr>,
+    path_env: Option<&OsStr>,
+) -> Result<(PathBuf, CriuVersion), (String, Option<CriuVersion>)> {
+    let criu = locate_criu(criu_env, path_env).map_err(|why| (why, None))?;
     let shown = criu.display();
     let (_, output) = run_with_timeout(&criu, "--version", VERSION_TIMEOUT)
-        .map_err(|why| format!("`{shown} --version` {why}; {CRIU_HINT}"))?;
+        .map_err(|why| (format!("`{shown} --version` {why}"), None))?;
     let version = parse_criu_version(&output).ok_or_else(|| {
-        format!(
-            "`{shown} --version` gives no version ({}); {CRIU_HINT}",
-            criu_output_gist(&output)
+        let gist = criu_output_gist(&output);
+        (
+            format!("`{shown} --version` gives no version ({gist})"),
+            None,
         )
     })?;
     if !version.is_supported() {
-        return Err(format!(
-            "{shown} is CRIU {version}, older than {CRIU_MIN_VERSION}; {CRIU_HINT}"
-        ));
+        let why = format!("{shown} is CRIU {version}, older than {CRIU_MIN_VERSION}");
+        return Err((why, Some(version)));
     }
     Ok((criu, version))
 }

@@ -50,6 +50,21 @@ pub fn create_dir_durable(dir: &Path) -> Result<()> {
     missing.iter().try_for_each(|d| sync_dir(parent_of(d)))
 }
 
+/// Writes `bytes` to `target`, a new file, durably: under a temporary
+/// sibling, synced, then renamed into place with [`commit_new`].
+pub fn write_new(target: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = temp_sibling(target)?;
+    let written = std::fs::File::create_new(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .map_err(|e| Error::io(&tmp, "cannot write", e))
+        .and_then(|()| commit_new(&tmp, target));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 /// Renames the durable `tmp` over `target` and syncs their directory: after
 /// this returns, `target` is the new content even across a crash.
 pub fn commit(tmp: &Path, target: &Path) -> Result<()> {
