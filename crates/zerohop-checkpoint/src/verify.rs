@@ -3,14 +3,8 @@
 use crate::location::Location;
 use crate::manifest::checksum_hex;
 use crate::restore::Sources;
-use std::hash::Hasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-use twox_hash::XxHash3_64;
+use zerohop::storage::{range_sums, FileRange};
 use zerohop::{Error, ErrorKind, Progress, Result};
-
-/// Bytes read and hashed at a time.
-const PIECE: usize = 8 << 20;
 
 /// What a successful verification covered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,45 +22,17 @@ pub struct Verified {
 pub fn verify(at: &Location, threads: usize, progress: Option<Progress<'_>>) -> Result<Verified> {
     let m = at.manifest()?;
     let sources = Sources::open(at, &m)?;
-    let next = AtomicUsize::new(0);
-    let bad: Mutex<Option<usize>> = Mutex::new(None);
-    let failed: Mutex<Option<Error>> = Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..threads.clamp(1, 64) {
-            s.spawn(|| {
-                // Chunks are hashed in bounded pieces, whatever size the
-                // (untrusted) manifest claims for them.
-                let mut buf = vec![0u8; PIECE];
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(c) = m.chunks.get(i) else { break };
-                    let file = &sources.files[sources.index(c.file, c.stored_in.as_deref())];
-                    let mut hash = XxHash3_64::new();
-                    let mut at = 0;
-                    while at < c.len {
-                        let n = PIECE.min((c.len - at) as usize);
-                        if let Err(e) = file.read_exact_at(&mut buf[..n], c.offset + at) {
-                            failed.lock().unwrap().get_or_insert(e);
-                            return;
-                        }
-                        hash.write(&buf[..n]);
-                        at += n as u64;
-                        if let Some(p) = progress {
-                            p(n as u64);
-                        }
-                    }
-                    if checksum_hex(hash.finish()) != c.xxh3 {
-                        let mut b = bad.lock().unwrap();
-                        *b = Some(b.map_or(i, |j| j.min(i)));
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = failed.into_inner().unwrap() {
-        return Err(e);
-    }
-    if let Some(i) = bad.into_inner().unwrap() {
+    let ranges: Vec<FileRange> = m
+        .chunks
+        .iter()
+        .map(|c| FileRange {
+            file: sources.index(c.file, c.stored_in.as_deref()),
+            offset: c.offset,
+            len: c.len,
+        })
+        .collect();
+    let sums = range_sums(&sources.files, &ranges, threads, progress)?;
+    if let Some(i) = (0..sums.len()).find(|&i| checksum_hex(sums[i]) != m.chunks[i].xxh3) {
         return Err(m.damaged_chunk(at, i));
     }
     Ok(Verified {

@@ -6,19 +6,12 @@
 
 use serde::{Deserialize, Serialize};
 use std::fs::File;
-use std::hash::Hasher;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-use twox_hash::XxHash3_64;
-use zerohop::storage::sync_dir;
+use zerohop::storage::{range_sums, sync_dir, FileRange, SourceFile};
 use zerohop::{Error, ErrorKind, Result};
 
 /// The bytes one checksum covers.
 pub const CHUNK: u64 = 64 << 20;
-/// The bytes a thread reads at a time.
-const READ: usize = 1 << 20;
 /// At most this many hashing threads.
 const MAX_THREADS: usize = 16;
 
@@ -164,71 +157,39 @@ pub fn check(dir: &Path, files: &[ImageFile]) -> Result<()> {
 /// hashed by several threads; each file is synced to storage too where
 /// `sync` is set.
 fn hash_all(dir: &Path, files: &[(String, u64)], sync: bool) -> Result<Vec<Vec<String>>> {
-    let opened: Vec<File> = files
+    let opened: Vec<SourceFile> = files
         .iter()
-        .map(|(name, _)| {
-            let path = dir.join(name);
-            File::open(&path).map_err(|e| Error::io(&path, "cannot open", e))
-        })
+        .map(|(name, _)| SourceFile::open(&dir.join(name)))
         .collect::<Result<_>>()?;
-    // Every chunk, as (file, chunk index); an empty file has none.
-    let chunks: Vec<(usize, u64)> = files
+    // Every chunk in file order; an empty file has none.
+    let ranges: Vec<FileRange> = files
         .iter()
         .enumerate()
-        .flat_map(|(f, (_, size))| (0..size.div_ceil(CHUNK)).map(move |c| (f, c)))
+        .flat_map(|(file, (_, size))| {
+            (0..size.div_ceil(CHUNK)).map(move |c| FileRange {
+                file,
+                offset: c * CHUNK,
+                len: CHUNK.min(size - c * CHUNK),
+            })
+        })
         .collect();
-    let sums: Vec<Mutex<Vec<String>>> = files
-        .iter()
-        .map(|(_, size)| Mutex::new(vec![String::new(); size.div_ceil(CHUNK) as usize]))
-        .collect();
-    let next = AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(MAX_THREADS)
-        .min(chunks.len().max(1));
-    let hash_chunks = || -> Result<()> {
-        let mut buf = vec![0u8; READ];
-        loop {
-            let Some(&(f, c)) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                return Ok(());
-            };
-            let (name, size) = &files[f];
-            let end = ((c + 1) * CHUNK).min(*size);
-            let mut at = c * CHUNK;
-            let mut hasher = XxHash3_64::with_seed(0);
-            while at < end {
-                let want = ((end - at) as usize).min(READ);
-                let n = opened[f]
-                    .read_at(&mut buf[..want], at)
-                    .map_err(|e| Error::io(&dir.join(name), "cannot read", e))?;
-                if n == 0 {
-                    return Err(Error::new(
-                        ErrorKind::Integrity,
-                        format!("{} ends early, at byte {at}", dir.join(name).display()),
-                    ));
-                }
-                hasher.write(&buf[..n]);
-                at += n as u64;
-            }
-            let sum = format!("{:016x}", hasher.finish());
-            sums[f].lock().expect("no thread panics holding it")[c as usize] = sum;
-        }
-    };
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads).map(|_| s.spawn(hash_chunks)).collect();
-        workers
-            .into_iter()
-            .try_for_each(|w| w.join().expect("a hashing thread does not panic"))
-    })?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut sums = range_sums(&opened, &ranges, threads.min(MAX_THREADS), None)?.into_iter();
     if sync {
-        for ((name, _), file) in files.iter().zip(&opened) {
-            file.sync_all()
-                .map_err(|e| Error::io(&dir.join(name), "cannot sync", e))?;
+        for (name, _) in files {
+            let path = dir.join(name);
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| Error::io(&path, "cannot sync", e))?;
         }
     }
-    Ok(sums
-        .into_iter()
-        .map(|m| m.into_inner().expect("no thread panicked holding it"))
+    Ok(files
+        .iter()
+        .map(|(_, size)| {
+            (0..size.div_ceil(CHUNK))
+                .map(|_| format!("{:016x}", sums.next().expect("one sum per chunk")))
+                .collect()
+        })
         .collect())
 }
 
