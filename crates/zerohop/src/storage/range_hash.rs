@@ -2,8 +2,8 @@
 //! threads in bounded pieces: a checkpoint's verification, a freeze's
 //! image sums.
 
-use super::SourceFile;
-use crate::{Error, Progress, Result};
+use super::source_file::SourceFile;
+use crate::{Error, Result};
 use std::hash::Hasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -27,7 +27,8 @@ pub fn range_sums(
     files: &[SourceFile],
     ranges: &[FileRange],
     threads: usize,
-    progress: Option<Progress<'_>>,
+    // `zerohop::Progress`, spelt out: storage sits below the engine.
+    progress: Option<&(dyn Fn(u64) + Sync)>,
 ) -> Result<Vec<u64>> {
     let next = AtomicUsize::new(0);
     let sums = Mutex::new(vec![0u64; ranges.len()]);
@@ -71,7 +72,7 @@ mod tests {
 
     #[test]
     fn ranges_hash_as_their_bytes_do_and_a_short_file_fails() {
-        let dir = std::env::temp_dir().join(format!("zerohop-range-sums-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("zerohop-range-hash-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let bytes: Vec<u8> = (0..PIECE as u32 * 2 + 11)
             .map(|i| (i % 253) as u8)
