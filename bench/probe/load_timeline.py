@@ -6,7 +6,10 @@ warm-up load that bench/peers.py does). The real load_file runs with timestamps
 taken around its allocation, its engine call (on the reader thread) and
 its views, next to variants that change one thing:
 
-- `load_file`: the package as it is;
+- `load_file`: the package as it is (its import starts pinning staging for
+  torch's device in the background);
+- `no-prepare`: the same with `ZEROHOP_PREPARE=0`, so the first call makes
+  its engine and pins as its workers start;
 - `views-after`: the tensors' views made after the transfer instead of
   while it runs (the engine's read on the calling thread);
 - `one-alloc`: one allocation viewed as every tensor, the engine on the
@@ -28,7 +31,7 @@ import tempfile
 import threading
 import time
 
-VARIANTS = ("load_file", "views-after", "one-alloc")
+VARIANTS = ("load_file", "no-prepare", "views-after", "one-alloc")
 
 
 def child(path: str, variant: str, warm: bool) -> dict:
@@ -152,9 +155,10 @@ def main() -> None:
     rows = []
     for run in range(args.runs):
         for variant in VARIANTS[run % len(VARIANTS):] + VARIANTS[: run % len(VARIANTS)]:
+            env = dict(os.environ, ZEROHOP_PREPARE="0") if variant == "no-prepare" else None
             out = subprocess.run([sys.executable, __file__, args.file, "--child", variant]
                                  + (["--warm"] if args.warm else []),
-                                 capture_output=True, text=True, timeout=300)
+                                 capture_output=True, text=True, timeout=300, env=env)
             if out.returncode != 0:
                 print(f"{variant}: failed: {out.stderr.strip()[-500:]}")
                 continue

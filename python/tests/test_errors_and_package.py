@@ -1,5 +1,6 @@
 """Errors map to Python's exceptions; progress reporting; the wheel."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -165,6 +166,40 @@ def test_prepare_makes_the_engine_once_and_names_the_device():
     assert zerohop.prepare("host") == first
     with pytest.raises(ValueError):
         zerohop.prepare("nonsense")
+
+
+# In a child process: what import does depends on its environment. The
+# simulated device stages its copies as a GPU does (host memory needs none).
+_FIRST_READ_AFTER_IMPORT = """
+import json, sys, threading, numpy as np, zerohop
+from zerohop import _native
+for t in threading.enumerate():
+    if t.name == "zerohop-prepare":
+        t.join()
+out = np.empty(1 << 20, dtype=np.uint8)
+stats = json.loads(_native.read("sim", [sys.argv[1]], [(0, 0, out.nbytes, out.ctypes.data)], 0, False))
+assert bytes(out[:4]) == b"\\x07" * 4
+print(json.dumps(stats))
+"""
+
+
+def test_import_prepares_the_named_device_in_the_background(tmp_path):
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"\x07" * (1 << 20))
+
+    def first_read(prepare):
+        env = dict(os.environ, ZEROHOP_PREPARE=prepare)
+        done = subprocess.run([sys.executable, "-c", _FIRST_READ_AFTER_IMPORT, str(data)],
+                              capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    prepared = first_read("sim")
+    assert prepared["profile"]["staging_seconds"] == 0, prepared
+    assert prepared["engine_setup_seconds"] == 0, prepared
+    cold = first_read("0")
+    assert cold["profile"]["staging_seconds"] > 0, cold
+    assert cold["engine_setup_seconds"] > 0, cold
 
 
 def test_a_debug_build_says_so_when_imported():

@@ -17,8 +17,11 @@ arrays instead of torch tensors (torch need not be installed);
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
+import threading
 from typing import Any, Dict, Optional, Union
 
 from . import _buffers, _native, agent, checkpoint
@@ -80,8 +83,43 @@ def prepare(device: Any = "cuda") -> str:
     process. Never needed: a first load makes the engine itself and pins
     staging as its workers first need it, in parallel with its copies. Call
     this where time is free (at start-up, while the model is being built)
-    to take even that off the first load. Returns the device, described."""
+    to take even that off the first load; `import zerohop` does it in the
+    background where it knows the device (`ZEROHOP_PREPARE`). Returns the
+    device, described."""
     return _native.prepare(_buffers.device_name(device))
+
+
+def _prepare_at_import() -> None:
+    """Starts `prepare` on a background thread when the package is imported
+    where a device is known: `ZEROHOP_PREPARE` names one ('cuda:N', 'cpu',
+    ...), or, by default, torch's current CUDA device once torch has set up
+    CUDA. A first load then finds its engine made and its staging pinned.
+    `ZEROHOP_PREPARE=0` turns this off. A failure here is left for the
+    first call to report, which makes the engine again."""
+    wanted = os.environ.get("ZEROHOP_PREPARE", "auto")
+    if wanted == "0":
+        return
+    if wanted == "auto":
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return
+        wanted = f"cuda:{torch.cuda.current_device()}"
+
+    def run() -> None:
+        try:
+            _native.prepare(_buffers.device_name(wanted))
+        except Exception:
+            pass
+
+    thread = threading.Thread(target=run, name="zerohop-prepare", daemon=True)
+    thread.start()
+    # Neither a fork (whose child would inherit the engines' lock held) nor
+    # the interpreter's exit happens while it pins.
+    os.register_at_fork(before=thread.join)
+    atexit.register(thread.join)
+
+
+_prepare_at_import()
 
 
 def read_into(

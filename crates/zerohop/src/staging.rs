@@ -86,12 +86,31 @@ impl StagingPool {
         self.slots.iter().flatten().map(|s| s.len() as u64).sum()
     }
 
-    /// Allocates every slot not allocated yet.
-    pub fn allocate_all(&mut self, device: &dyn Device) -> Result<()> {
-        for slot in self.slots.iter_mut().filter(|s| s.is_none()) {
-            *slot = Some(device.alloc_staging(self.config.slot_bytes)?);
-        }
-        Ok(())
+    /// Allocates every slot not allocated yet, on `threads` threads at
+    /// once: pinning is mostly the kernel faulting pages in, which runs in
+    /// parallel (one thread pins 128 MiB in 63 - 88 ms on the H200
+    /// machine; a load's 16 workers pin their shares in about 14).
+    pub fn allocate_all(&mut self, device: &dyn Device, threads: usize) -> Result<()> {
+        let per_thread = self.slots.len().div_ceil(threads.max(1));
+        let slot_bytes = self.config.slot_bytes;
+        std::thread::scope(|scope| {
+            let pinning: Vec<_> = self
+                .slots
+                .chunks_mut(per_thread)
+                .map(|slots| {
+                    scope.spawn(move || {
+                        for slot in slots.iter_mut().filter(|s| s.is_none()) {
+                            *slot = Some(device.alloc_staging(slot_bytes)?);
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            pinning
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
     }
 
     /// Splits the slots among at most `workers` workers (at least one),
@@ -179,7 +198,13 @@ mod tests {
         shares[2].get(0).unwrap();
         drop(shares);
         assert_eq!(pool.bytes(), 2 << 12);
-        pool.allocate_all(&device).unwrap();
+        pool.allocate_all(&device, 3).unwrap();
         assert_eq!(pool.bytes(), 8 << 12);
+        pool.allocate_all(&device, 3).unwrap();
+        assert_eq!(
+            pool.bytes(),
+            8 << 12,
+            "allocated slots are kept, not made again"
+        );
     }
 }
