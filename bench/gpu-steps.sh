@@ -346,7 +346,7 @@ step_python() {
     # not the compatibility tests).
     # shellcheck disable=SC2086 # a list of files
     ZEROHOP_BIN="$PWD/.stage/bin/zerohop" ZEROHOP_PRELOAD="$PWD/.stage/bin/libzerohop_preload.so" \
-        python3 -m pytest -q -rs -p no:cacheprovider ${ZEROHOP_PYTESTS:-python/tests} \
+        ZEROHOP_USRBIO_LIB_DIR="$PWD/.stage/bin" python3 -m pytest -q -rs -p no:cacheprovider ${ZEROHOP_PYTESTS:-python/tests} \
         2>&1 | tee "$OUT/python-tests.txt"
     # safetensors 0.8's PyTorch tests against zerohop (the machine
     # has safetensors 0.8.0 installed).

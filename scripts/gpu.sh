@@ -15,8 +15,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 stage() {
     rm -rf .stage && mkdir -p .stage/bin .stage/tests
-    CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p zerohop-cli -p zerohop-lab -p zerohop-preload
-    cp target/release/zerohop target/release/zerohop-lab target/release/libzerohop_preload.so .stage/bin/
+    CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -p zerohop-cli -p zerohop-lab -p zerohop-preload -p zerohop-usrbio
+    cp target/release/zerohop target/release/zerohop-lab target/release/libzerohop_preload.so \
+        target/release/libhf3fs_api_shared.so .stage/bin/
     # The S3-compatible server of the s3 step and the Python suite's
     # object storage tests (scripts/test.sh builds it).
     [ -x .tools/bin/s3s-fs ] || { echo "no .tools/bin/s3s-fs: run scripts/test.sh first, which builds it"; exit 2; }

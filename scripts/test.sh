@@ -53,12 +53,14 @@ fi
 export ZEROHOP_S3_SERVER="$s3_server"
 
 cargo test --workspace "$@"
-# The preloaded library is a cdylib, which `cargo test` does not link.
-cargo build -p zerohop-preload
+# The preloaded library and the USRBIO library are cdylibs, which `cargo
+# test` does not link.
+cargo build -p zerohop-preload -p zerohop-usrbio
 
 # From outside the checkout, so `import zerohop` is the installed package;
 # the agent tests run the binary `cargo test` built.
 export ZEROHOP_BIN="$PWD/target/debug/zerohop"
 export ZEROHOP_PRELOAD="$PWD/target/debug/libzerohop_preload.so"
+export ZEROHOP_USRBIO_LIB_DIR="$PWD/target/debug"
 (cd python/tests && "$py" -m pytest -q -rs -p no:cacheprovider .)
 "$py" python/compat/run.py

@@ -46,6 +46,10 @@ pub struct AgentConfig {
     /// [`zerohop::device::DEVICE_HELP`]; `host`: none).
     pub device: String,
     pub max_clients: usize,
+    /// Directories served (USRBIO's mount points): if any, a client may
+    /// register only files that lie under one of them. Made canonical at
+    /// start.
+    pub served: Vec<PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -55,6 +59,7 @@ impl Default for AgentConfig {
             group_access: false,
             device: "auto".into(),
             max_clients: 1024,
+            served: Vec::new(),
         }
     }
 }
@@ -66,17 +71,29 @@ pub fn run(config: &AgentConfig) -> zerohop::Result<()> {
     let signals = block_stop_signals().map_err(|e| {
         zerohop::Error::with_source(zerohop::ErrorKind::Io, "cannot set up signal handling", e)
     })?;
+    let served = config
+        .served
+        .iter()
+        .map(|d| match std::fs::canonicalize(d) {
+            Ok(c) if c.is_dir() => Ok(c),
+            Ok(_) => Err(zerohop::Error::invalid(format!(
+                "--serve {}: not a directory",
+                d.display()
+            ))),
+            Err(e) => Err(zerohop::Error::io(d, "cannot serve", e)),
+        })
+        .collect::<zerohop::Result<Vec<_>>>()?;
     // Bound before the engines start any thread (`listen` sets the umask).
     let listener = bind(&config.socket, config.group_access)?;
     let engines = engines::Engines::open(&config.device).inspect_err(|_| {
         let _ = std::fs::remove_file(&config.socket);
     })?;
     let shared = Arc::new(
-        shared::Shared::new(engines)
+        shared::Shared::new(engines, served)
             .map_err(|e| zerohop::Error::io(&config.socket, "cannot start", e))?,
     );
     info!(
-        "agent pid {} serving {} on {} ({})",
+        "agent pid {} serving {} on {} ({}), files {}",
         std::process::id(),
         shared.engines.describe(),
         config.socket.display(),
@@ -84,6 +101,19 @@ pub fn run(config: &AgentConfig) -> zerohop::Result<()> {
             "owner and group"
         } else {
             "owner only"
+        },
+        if shared.served.is_empty() {
+            "anywhere".to_string()
+        } else {
+            format!(
+                "under {}",
+                shared
+                    .served
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         }
     );
     let mut sessions: Vec<std::thread::JoinHandle<()>> = Vec::new();

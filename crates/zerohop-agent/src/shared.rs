@@ -4,12 +4,15 @@
 use crate::engines::Engines;
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use zerohop_wire::control::{AgentStatus, ClientStatus};
 
 pub struct Shared {
     pub engines: Engines,
+    /// Canonical directories whose files clients may register (empty: any).
+    pub served: Vec<PathBuf>,
     /// Becomes readable (and stays so) when the agent is asked to stop.
     pub shutdown: File,
     pub stopping: AtomicBool,
@@ -22,9 +25,10 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(engines: Engines) -> std::io::Result<Self> {
+    pub fn new(engines: Engines, served: Vec<PathBuf>) -> std::io::Result<Self> {
         Ok(Shared {
             engines,
+            served,
             shutdown: zerohop_wire::socket::eventfd()?,
             stopping: AtomicBool::new(false),
             sessions_total: AtomicU64::new(0),
@@ -34,6 +38,12 @@ impl Shared {
             errors: AtomicU64::new(0),
             clients: Mutex::default(),
         })
+    }
+
+    /// Whether a file at `path` (canonical, as the kernel names an open
+    /// file) may be registered.
+    pub fn serves(&self, path: &Path) -> bool {
+        self.served.is_empty() || self.served.iter().any(|d| path.starts_with(d))
     }
 
     pub fn stop(&self) {
@@ -60,6 +70,11 @@ impl Shared {
         AgentStatus {
             pid: std::process::id(),
             device: self.engines.describe(),
+            served: self
+                .served
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect(),
             clients: self
                 .clients
                 .lock()

@@ -48,6 +48,11 @@ struct ServeArgs {
     /// Clients connected at once; more are refused.
     #[arg(long, default_value_t = 1024)]
     max_clients: usize,
+    /// Serve the files under DIR only (repeatable): USRBIO programs
+    /// (libhf3fs_api_shared.so) see each DIR as a mount point. Without it,
+    /// any file a client opened.
+    #[arg(long = "serve", value_name = "DIR")]
+    served: Vec<PathBuf>,
 }
 
 pub fn run(args: AgentArgs) -> Result<()> {
@@ -61,6 +66,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
                 group_access: s.group,
                 device: s.device,
                 max_clients: s.max_clients,
+                served: s.served,
             })
         }
     }
@@ -83,6 +89,9 @@ fn status(socket: Option<PathBuf>, json: bool) -> Result<()> {
         return Ok(());
     }
     println!("agent    pid {} serving {}", st.pid, st.device);
+    if !st.served.is_empty() {
+        println!("files    under {}", st.served.join(", "));
+    }
     println!(
         "served   {} I/Os, {} read, {} written, {} errors; {} sessions since start",
         st.ios,

@@ -6,119 +6,19 @@ use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 use zerohop_client::{Client, Submission};
 use zerohop_wire::control::{self, Reply, Request};
 use zerohop_wire::ring::{OP_READ, OP_WRITE};
 use zerohop_wire::{shm::SharedMemory, socket};
 
-struct Agent {
-    child: Child,
-    socket: PathBuf,
-    _dir: TempDir,
-}
-
-impl Agent {
-    fn start(extra: &[&str]) -> Agent {
-        let dir = TempDir::new("agent");
-        let socket = dir.0.join("agent.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_zerohop"))
-            .args([
-                "agent",
-                "--device",
-                "sim",
-                "--log-level",
-                "debug",
-                "--socket",
-            ])
-            .arg(&socket)
-            .args(extra)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while socket::connect(&socket).is_err() {
-            assert!(Instant::now() < deadline, "agent did not start");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Agent {
-            child,
-            socket,
-            _dir: dir,
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).unwrap()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn clients(&self) -> usize {
-        self.client_status().len()
-    }
-
-    fn client_status(&self) -> Vec<zerohop_wire::control::ClientStatus> {
-        zerohop_agent::query_status(&self.socket).unwrap().clients
-    }
-
-    fn wait_for_clients(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.clients() != n {
-            assert!(
-                Instant::now() < deadline,
-                "agent still lists {} clients, not {n}",
-                self.clients()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "zerohop-agent-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+#[path = "common/agents.rs"]
+mod agents;
+use agents::{compile_c, pattern, Agent, TempDir, CLIENT_LIBRARY};
 
 // The tests read client buffers only after their I/O completed, which is
 // what `HostBuffer::as_slice` asks (its `unsafe` blocks below rely on it).
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2654435761)
-                .rotate_left(seed as u32 % 31) as u8
-                ^ seed
-        })
-        .collect()
-}
 
 fn rw_file(path: &Path, contents: &[u8]) -> File {
     std::fs::write(path, contents).unwrap();
@@ -624,87 +524,12 @@ fn the_socket_is_private_and_one_agent_owns_it() {
     assert!(String::from_utf8_lossy(&status.stdout).contains("clients  0"));
 }
 
-/// Builds `libzerohop_client.so` with the cargo and the profile that built
-/// this test (so into the same target directory: nothing is compiled twice)
-/// and returns the folder that holds it. A nested cargo cannot deadlock on
-/// the target directory's lock: `cargo test` releases it before running
-/// tests.
-fn build_c_library() -> PathBuf {
-    let exe_dir = Path::new(env!("CARGO_BIN_EXE_zerohop")).parent().unwrap();
-    let profile = match exe_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") | None => "dev",
-        Some(name) => name,
-    };
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
-    let built = Command::new(env!("CARGO"))
-        .args(["build", "--locked", "--lib", "-p", "zerohop-client"])
-        .args(["--profile", profile, "--message-format", "json"])
-        .arg("--manifest-path")
-        .arg(&workspace)
-        .output()
-        .expect("cannot run cargo to build libzerohop_client.so");
-    assert!(
-        built.status.success(),
-        "cargo build -p zerohop-client failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    // Where cargo put it (the target directory and layout are cargo's).
-    let library = String::from_utf8_lossy(&built.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "zerohop_client")
-        .flat_map(|m| m["filenames"].as_array().cloned().unwrap_or_default())
-        .filter_map(|f| f.as_str().map(PathBuf::from))
-        .find(|f| f.file_name().is_some_and(|n| n == "libzerohop_client.so"))
-        .expect("cargo built no libzerohop_client.so");
-    library.parent().unwrap().to_path_buf()
-}
-
-/// The C compiler: `$CC`, else `cc`. Its absence is a failure, not a skip:
-/// the C ABI is tested only here.
-fn c_compiler() -> String {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let found = Command::new(&cc).arg("--version").output();
-    assert!(
-        found.is_ok_and(|o| o.status.success()),
-        "no C compiler ({cc}): the C example test needs one; install gcc or clang \
-         (e.g. `apt install gcc`), or point CC at one"
-    );
-    cc
-}
-
-/// Compiles the C program `source` against `zerohop.h` and the freshly
-/// built `libzerohop_client.so` into `exe`; returns the library's folder
-/// (for `LD_LIBRARY_PATH`).
-fn compile_c(source: &Path, exe: &Path) -> PathBuf {
-    let cc = c_compiler();
-    let lib_dir = build_c_library();
-    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zerohop-client/include");
-    let compiled = Command::new(&cc)
-        .args(["-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(exe)
-        .arg("-I")
-        .arg(include)
-        .arg(source)
-        .arg("-L")
-        .arg(&lib_dir)
-        .arg("-lzerohop_client")
-        .output()
-        .unwrap();
-    assert!(
-        compiled.status.success(),
-        "{}",
-        String::from_utf8_lossy(&compiled.stderr)
-    );
-    lib_dir
-}
-
 #[test]
 fn the_c_example_copies_a_file() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zerohop-client");
     let dir = TempDir::new("c");
     let exe = dir.0.join("copy_file");
-    let lib_dir = compile_c(&root.join("examples/c/copy_file.c"), &exe);
+    let lib_dir = compile_c(&root.join("examples/c/copy_file.c"), &exe, &CLIENT_LIBRARY);
     let agent = Agent::start(&[]);
     let data = pattern(3_000_001, 6);
     std::fs::write(dir.0.join("src"), &data).unwrap();
@@ -753,7 +578,7 @@ fn zh_reg_fd_refuses_negative_closed_and_repeated_descriptors() {
     std::fs::write(dir.0.join("reg_fd.c"), REG_FD_C).unwrap();
     std::fs::write(dir.0.join("data"), b"zerohop").unwrap();
     let exe = dir.0.join("reg_fd");
-    let lib_dir = compile_c(&dir.0.join("reg_fd.c"), &exe);
+    let lib_dir = compile_c(&dir.0.join("reg_fd.c"), &exe, &CLIENT_LIBRARY);
     let agent = Agent::start(&[]);
     let run = Command::new(&exe)
         .arg(&agent.socket)

@@ -26,7 +26,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use zerohop_wire::control::{self, AgentStatus, Reply, Request};
 use zerohop_wire::ring::{self, CompletionEntry, Ring, SubmissionEntry, OP_READ, OP_WRITE};
-use zerohop_wire::shm::SharedMemory;
+pub use zerohop_wire::shm::SharedMemory;
 use zerohop_wire::socket;
 
 pub use zerohop_wire::ring::CompletionEntry as Completion;
@@ -60,6 +60,11 @@ impl HostBuffer {
 
     pub fn is_empty(&self) -> bool {
         self.mem.is_empty()
+    }
+
+    /// The memfd holding the buffer (another process may map it too).
+    pub fn file(&self) -> &File {
+        self.mem.file()
     }
 
     /// The buffer's bytes.
@@ -158,9 +163,17 @@ impl Client {
 
     /// A new buffer of `len` bytes of shared host memory.
     pub fn create_host_buffer(&self, len: usize) -> io::Result<HostBuffer> {
-        let mem = SharedMemory::create("zerohop-buffer", len)?;
+        self.register_host_memory(SharedMemory::create("zerohop-buffer", len)?)
+    }
+
+    /// Registers shared memory this process made or mapped itself (e.g.
+    /// another process's [`HostBuffer::file`], through
+    /// [`SharedMemory::import`]).
+    pub fn register_host_memory(&self, mem: SharedMemory) -> io::Result<HostBuffer> {
         let id = self.id(
-            &Request::RegisterHostBuffer { len: len as u64 },
+            &Request::RegisterHostBuffer {
+                len: mem.len() as u64,
+            },
             &[mem.file().as_fd()],
         )?;
         Ok(HostBuffer { id, mem })
@@ -202,14 +215,7 @@ impl Client {
         match zerohop_cuda::export_ipc(&ctx, ptr) {
             Ok(export) => {
                 inside(export.offset, export.allocation_len)?;
-                let handle = control::handle_to_hex(&export.handle);
-                let request = Request::RegisterCudaIpc {
-                    device,
-                    handle,
-                    offset: export.offset,
-                    len,
-                };
-                self.id(&request, &[])
+                self.register_cuda_ipc(device, &export.handle, export.offset, len)
             }
             Err(ipc) => {
                 let export = zerohop_cuda::export_vmm(&ctx, ptr).map_err(|vmm| {
@@ -227,6 +233,25 @@ impl Client {
                 self.id(&request, &[export.fd.as_fd()])
             }
         }
+    }
+
+    /// Registers `len` bytes at `offset` of the allocation behind a CUDA
+    /// IPC `handle` (exported by this or another process, which keeps the
+    /// allocation while registered).
+    pub fn register_cuda_ipc(
+        &self,
+        device: u32,
+        handle: &[u8; 64],
+        offset: u64,
+        len: u64,
+    ) -> io::Result<u32> {
+        let request = Request::RegisterCudaIpc {
+            device,
+            handle: control::handle_to_hex(handle),
+            offset,
+            len,
+        };
+        self.id(&request, &[])
     }
 
     pub fn deregister_buffer(&self, id: u32) -> io::Result<()> {

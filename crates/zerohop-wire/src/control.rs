@@ -87,6 +87,10 @@ pub enum Reply {
 pub struct AgentStatus {
     pub pid: u32,
     pub device: String,
+    /// The directories the agent serves (canonical paths), where files
+    /// are registered only from under them; empty: any file.
+    #[serde(default)]
+    pub served: Vec<String>,
     pub clients: Vec<ClientStatus>,
     pub sessions_total: u64,
     pub bytes_read: u64,

@@ -108,8 +108,7 @@ impl StagingPool {
                 .collect();
             pinning
                 .into_iter()
-                .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
+                .try_for_each(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
         })
     }
 

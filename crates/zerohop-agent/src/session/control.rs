@@ -141,6 +141,17 @@ impl Session {
                 format!("at most {MAX_FILES} files per session"),
             ));
         }
+        if !self.shared.served.is_empty() {
+            // The path the kernel keeps for the open file: where it was
+            // opened, with symbolic links resolved.
+            let path = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()));
+            if !path.is_ok_and(|p| self.shared.serves(&p)) {
+                return Err((
+                    Errno::ACCESS,
+                    "the file is not under a directory this agent serves".to_string(),
+                ));
+            }
+        }
         let id = self.take_id();
         let label = format!("client {} file {id}", self.pid);
         let f = RegisteredFile::new(file, label).map_err(refused)?;
