@@ -3,16 +3,14 @@
 //! their completions returned with the caller's index and userdata.
 
 use crate::abi::{set_mount_point, Hf3fsCqe, Hf3fsIor, Hf3fsIov};
-use crate::agents::{self, Agent};
+use crate::agents::Agent;
 use crate::batches::Batching;
-use crate::iov::IovState;
+use crate::iov::{mount_point, IovState};
 use crate::{fail, files, guard};
 use rustix::io::Errno;
 use std::collections::VecDeque;
-use std::ffi::{c_char, c_int, c_void, CStr, OsStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use zerohop_client::{Completion, IoRing, Submission};
@@ -186,17 +184,8 @@ unsafe fn create(
     guard(|| {
         // SAFETY: per the contract.
         let ior = unsafe { ior.as_mut() }.ok_or_else(|| fail(Errno::INVAL))?;
-        if mount.is_null() {
-            return Err(fail(Errno::INVAL));
-        }
         // SAFETY: per the contract.
-        let mount = unsafe { CStr::from_ptr(mount) }.to_bytes();
-        let (agent, _) = agents::serving(Path::new(OsStr::from_bytes(mount))).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                "no zerohop agent serves this mount point",
-            )
-        })?;
+        let (agent, mount) = unsafe { mount_point(mount) }?;
         let entries = entries_for(entries)?;
         if !set_mount_point(&mut ior.mount_point, mount)
             || !set_mount_point(&mut ior.iov.mount_point, mount)

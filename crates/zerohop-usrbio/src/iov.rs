@@ -59,7 +59,7 @@ impl IovState {
 ///
 /// # Safety
 /// `mount` is null or NUL-terminated.
-unsafe fn mount_point<'a>(mount: *const c_char) -> io::Result<(Arc<Agent>, &'a [u8])> {
+pub(crate) unsafe fn mount_point<'a>(mount: *const c_char) -> io::Result<(Arc<Agent>, &'a [u8])> {
     if mount.is_null() {
         return Err(fail(Errno::INVAL));
     }
@@ -162,8 +162,7 @@ pub unsafe extern "C" fn hf3fs_iovopen(
 ) -> c_int {
     guard(|| {
         // SAFETY: per the contract.
-        let (iov, id, (agent, mount)) = unsafe { (iov.as_mut(), read_id(id), mount_point(mount)?) };
-        let (iov, id) = iov.zip(id).ok_or_else(|| fail(Errno::INVAL))?;
+        let (iov, id, agent, mount) = unsafe { by_id(iov, id, mount) }?;
         let (state, base) = open_host(agent, &id, size)?;
         fill(iov, state, base, id, mount, size, block_size, numa)
     })
@@ -184,8 +183,7 @@ pub unsafe extern "C" fn hf3fs_iovwrap(
 ) -> c_int {
     guard(|| {
         // SAFETY: per the contract.
-        let (iov, id, (agent, mount)) = unsafe { (iov.as_mut(), read_id(id), mount_point(mount)?) };
-        let (iov, id) = iov.zip(id).ok_or_else(|| fail(Errno::INVAL))?;
+        let (iov, id, agent, mount) = unsafe { by_id(iov, id, mount) }?;
         if base.is_null() {
             return Err(fail(Errno::INVAL));
         }
@@ -194,11 +192,25 @@ pub unsafe extern "C" fn hf3fs_iovwrap(
     })
 }
 
+type ByIdArgs<'a> = (&'a mut Hf3fsIov, [u8; 16], Arc<Agent>, &'a [u8]);
+
+/// The arguments of the calls that name an iov by id: the iov to fill,
+/// the id, and the agent serving `mount` with `mount`'s bytes.
+///
 /// # Safety
-/// `id` is null or holds 16 bytes.
-unsafe fn read_id(id: *const u8) -> Option<[u8; 16]> {
+/// `iov` is null or writable; `id` is null or holds 16 bytes; `mount` is
+/// null or NUL-terminated.
+unsafe fn by_id<'a>(
+    iov: *mut Hf3fsIov,
+    id: *const u8,
+    mount: *const c_char,
+) -> io::Result<ByIdArgs<'a>> {
     // SAFETY: per the contract.
-    unsafe { id.cast::<[u8; 16]>().as_ref().copied() }
+    let (iov, id) = unsafe { (iov.as_mut(), id.cast::<[u8; 16]>().as_ref().copied()) };
+    let (iov, id) = iov.zip(id).ok_or_else(|| fail(Errno::INVAL))?;
+    // SAFETY: per the contract.
+    let (agent, mount) = unsafe { mount_point(mount) }?;
+    Ok((iov, id, agent, mount))
 }
 
 /// # Safety
@@ -354,8 +366,7 @@ pub unsafe extern "C" fn hf3fs_iovwrap_device(
     guard(|| {
         let ctx = context(device, block_size)?;
         // SAFETY: per the contract.
-        let (iov, id, (agent, mount)) = unsafe { (iov.as_mut(), read_id(id), mount_point(mount)?) };
-        let (iov, id) = iov.zip(id).ok_or_else(|| fail(Errno::INVAL))?;
+        let (iov, id, agent, mount) = unsafe { by_id(iov, id, mount) }?;
         let state = device_state(agent, ctx, ptr as u64, size, &id, None)?;
         fill(iov, state, ptr.cast(), id, mount, size, 0, -1)
     })
@@ -375,8 +386,7 @@ pub unsafe extern "C" fn hf3fs_iovopen_device(
     guard(|| {
         let ctx = context(device, block_size)?;
         // SAFETY: per the contract.
-        let (iov, id, (agent, mount)) = unsafe { (iov.as_mut(), read_id(id), mount_point(mount)?) };
-        let (iov, id) = iov.zip(id).ok_or_else(|| fail(Errno::INVAL))?;
+        let (iov, id, agent, mount) = unsafe { by_id(iov, id, mount) }?;
         let record = DeviceRecord::open(&id)?;
         if record.device as usize != ctx.ordinal() || size as u64 > record.size {
             return Err(fail(Errno::INVAL));
