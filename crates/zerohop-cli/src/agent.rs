@@ -49,8 +49,8 @@ struct ServeArgs {
     #[arg(long, default_value_t = 1024)]
     max_clients: usize,
     /// Serve the files under DIR only (repeatable): USRBIO programs
-    /// (libhf3fs_api_shared.so) see each DIR as a mount point. Without it,
-    /// any file a client opened.
+    /// (libhf3fs_api_shared.so) see each DIR as a mount point (default:
+    /// any file a client opened, and no mount points).
     #[arg(long = "serve", value_name = "DIR")]
     served: Vec<PathBuf>,
 }
