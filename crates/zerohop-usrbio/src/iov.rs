@@ -2,7 +2,7 @@
 //! each registered with the agent serving its mount point and published
 //! under its id for other processes.
 
-use crate::abi::{set_mount_point, Hf3fsIov, MemType};
+use crate::abi::{set_mount_point, Hf3fsIov, MemType, MOUNT_POINT_BYTES};
 use crate::agents::{self, Agent};
 use crate::published::{self, DeviceRecord, Publication};
 use crate::{fail, guard};
@@ -55,7 +55,8 @@ impl IovState {
     }
 }
 
-/// The agent serving `mount` (a C string), and its bytes for the struct.
+/// The agent serving `mount` (a C string), and its bytes for the struct
+/// (which they fit).
 ///
 /// # Safety
 /// `mount` is null or NUL-terminated.
@@ -65,6 +66,10 @@ pub(crate) unsafe fn mount_point<'a>(mount: *const c_char) -> io::Result<(Arc<Ag
     }
     // SAFETY: per the contract.
     let bytes = unsafe { CStr::from_ptr(mount) }.to_bytes();
+    // Checked before anything is registered: the struct's field holds it.
+    if bytes.len() >= MOUNT_POINT_BYTES {
+        return Err(fail(Errno::NAMETOOLONG));
+    }
     let (agent, _) = agents::serving(Path::new(OsStr::from_bytes(bytes))).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::NotFound,
@@ -86,9 +91,8 @@ fn fill(
     block_size: usize,
     numa: c_int,
 ) -> io::Result<i32> {
-    if !set_mount_point(&mut iov.mount_point, mount) {
-        return Err(fail(Errno::NAMETOOLONG));
-    }
+    let fits = set_mount_point(&mut iov.mount_point, mount);
+    debug_assert!(fits, "mount_point checked the length");
     iov.base = base;
     iov.id = id;
     iov.size = size;

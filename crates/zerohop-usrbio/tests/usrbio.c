@@ -321,6 +321,10 @@ static int test_errors(const char *mount, const char *path) {
     struct hf3fs_iov iov;
     CHECK(hf3fs_iovcreate(&iov, "/proc", 4096, 0, -1) == -ENOENT);
     CHECK(hf3fs_iovcreate(&iov, mount, 0, 0, -1) == -EINVAL);
+    char too_long[300];
+    memset(too_long, 'a', sizeof too_long - 1);
+    too_long[sizeof too_long - 1] = 0;
+    CHECK(hf3fs_iovcreate(&iov, too_long, 4096, 0, -1) == -ENAMETOOLONG);
     uint8_t unknown[16] = {1, 2, 3};
     CHECK(hf3fs_iovopen(&iov, unknown, mount, 4096, 0, -1) == -ENOENT);
     if (!hf3fs_gdr_available()) {
