@@ -107,7 +107,7 @@ def _prepare_at_import() -> None:
 
     def run() -> None:
         try:
-            _native.prepare(_buffers.device_name(wanted))
+            prepare(wanted)
         except Exception:
             pass
 

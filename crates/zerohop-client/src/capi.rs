@@ -45,25 +45,29 @@ pub struct ZhCqe {
     pub userdata: *mut c_void,
 }
 
-fn code(e: io::Error) -> c_int {
-    -e.raw_os_error().unwrap_or(
+/// The errno `e` stands for (EIO where it names none), for C callers.
+fn errno_of(e: &io::Error) -> c_int {
+    e.raw_os_error().unwrap_or_else(|| {
         match e.kind() {
             io::ErrorKind::NotFound => Errno::NOENT,
             io::ErrorKind::PermissionDenied => Errno::ACCESS,
             io::ErrorKind::InvalidInput => Errno::INVAL,
             io::ErrorKind::WouldBlock => Errno::AGAIN,
+            io::ErrorKind::AlreadyExists => Errno::EXIST,
+            io::ErrorKind::Unsupported => Errno::NOTSUP,
             io::ErrorKind::ConnectionAborted => Errno::SHUTDOWN,
             _ => Errno::IO,
         }
-        .raw_os_error(),
-    )
+        .raw_os_error()
+    })
 }
 
-/// Runs `f`, turning errors and panics into negative errnos.
-fn guard(f: impl FnOnce() -> io::Result<c_int>) -> c_int {
+/// Runs the body of a C call: its errors and panics become a negative
+/// errno, so none unwinds into C.
+pub fn guard(f: impl FnOnce() -> io::Result<c_int>) -> c_int {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(n)) => n,
-        Ok(Err(e)) => code(e),
+        Ok(Err(e)) => -errno_of(&e),
         Err(_) => -Errno::IO.raw_os_error(),
     }
 }

@@ -18,6 +18,8 @@
 
 mod capi;
 
+pub use capi::guard;
+
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -21,32 +21,7 @@ pub mod published;
 
 use rustix::io::Errno;
 use std::io;
-
-/// Runs `f`, turning errors and panics into a negative errno.
-fn guard(f: impl FnOnce() -> io::Result<i32>) -> i32 {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => -errno_of(&e),
-        Err(_) => -Errno::IO.raw_os_error(),
-    }
-}
-
-/// The errno `e` stands for (EIO where it names none).
-fn errno_of(e: &io::Error) -> i32 {
-    e.raw_os_error().unwrap_or_else(|| {
-        match e.kind() {
-            io::ErrorKind::NotFound => Errno::NOENT,
-            io::ErrorKind::PermissionDenied => Errno::ACCESS,
-            io::ErrorKind::InvalidInput => Errno::INVAL,
-            io::ErrorKind::WouldBlock => Errno::AGAIN,
-            io::ErrorKind::AlreadyExists => Errno::EXIST,
-            io::ErrorKind::Unsupported => Errno::NOTSUP,
-            io::ErrorKind::ConnectionAborted => Errno::SHUTDOWN,
-            _ => Errno::IO,
-        }
-        .raw_os_error()
-    })
-}
+use zerohop_client::guard;
 
 fn fail(errno: Errno) -> io::Error {
     io::Error::from_raw_os_error(errno.raw_os_error())

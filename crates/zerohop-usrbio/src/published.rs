@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 /// An iov's id as text (file names, memfd names).
 pub fn hex(id: &[u8; 16]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
+    zerohop_wire::control::handle_to_hex(id)
 }
 
 /// A fresh random id.

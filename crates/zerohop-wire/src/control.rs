@@ -142,7 +142,7 @@ pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
 }
 
 /// Hex digits of an IPC handle, and back.
-pub fn handle_to_hex(handle: &[u8; 64]) -> String {
+pub fn handle_to_hex(handle: &[u8]) -> String {
     handle.iter().map(|b| format!("{b:02x}")).collect()
 }
 
