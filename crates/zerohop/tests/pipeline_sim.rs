@@ -389,16 +389,14 @@ fn copy_queues_are_kept_between_loads() {
     assert_eq!(sim.queues_made(), 3, "one per I/O thread");
     let e = engine.load_files(&[&path], None).unwrap_err();
     assert!(e.to_string().contains("injected copy failure"), "{e}");
-    // The failed queue is replaced once the loads after the failure have
-    // found it gone (which of them takes it first is a matter of timing).
-    load_exact(&engine, &path, &data);
-    load_exact(&engine, &path, &data);
-    let made = sim.queues_made();
-    assert!((3..=6).contains(&made), "{made}");
-    for _ in 0..3 {
+    // The failed queue is dropped, and replaced when a later load has more
+    // workers at once than the pool holds (whether one does is a matter of
+    // thread timing); the others are kept, so loads never make more.
+    for _ in 0..5 {
         load_exact(&engine, &path, &data);
     }
-    assert_eq!(sim.queues_made(), made, "later loads reuse the queues");
+    let made = sim.queues_made();
+    assert!((3..=4).contains(&made), "later loads reuse the queues: {made} made");
 }
 
 #[test]
