@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 import zerohop.dcp
-from rank_processes import leave_group
+from workers import leave_group
 
 
 def state(mesh):

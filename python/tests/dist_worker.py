@@ -14,7 +14,7 @@ from safetensors.torch import load_file as reference_load
 
 import zerohop
 import zerohop.distributed as zd
-from rank_processes import leave_group
+from workers import leave_group
 
 # Blocks of 1 MiB, so that the test model spans several and its largest
 # tensor has one of its own, as 256 MiB blocks do with a real model.

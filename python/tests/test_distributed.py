@@ -14,7 +14,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 import zerohop  # noqa: E402
 import zerohop.distributed as zd  # noqa: E402
 
-import rank_processes  # noqa: E402
+import workers  # noqa: E402
 
 
 def model(path):
@@ -39,7 +39,7 @@ def run_ranks(tmp_path, plan, world=2, worker="dist_worker.py", args=None):
     """Ranks of a worker script (dist_worker.py: loads with `plan`); what
     each reported."""
     argv = args if args is not None else [str(tmp_path / "m.safetensors"), plan]
-    return rank_processes.run_ranks(worker, argv, tmp_path, world)
+    return workers.run_ranks(worker, argv, tmp_path, world)
 
 
 def test_replicated_tensors_are_read_once_across_the_ranks(tmp_path):

@@ -91,18 +91,18 @@ def test_a_failed_freeze_leaves_the_process_running_and_bad_requests_are_refused
     assert fake.poll() is None and not (tmp_path / "f").exists()
 
 
-# spool_worker.py, started detached from the test and asked things through
+# workers.py "spool", started detached from the test and asked things through
 # files, which survive its freeze and thaw (a pipe to the test would not).
 _numbers = itertools.count()
 
 
 def start_worker(spool, mode, mib, timeout=120):
-    """Starts spool_worker.py in `spool` (a new directory) and waits until
+    """Starts workers.py "spool" in `spool` (a new directory) and waits until
     it is ready. Returns its Popen."""
     os.makedirs(spool)
     out = open(os.path.join(spool, "output"), "w")
-    worker = os.path.join(os.path.dirname(__file__), "spool_worker.py")
-    p = subprocess.Popen([sys.executable, worker, str(spool), mode, str(mib)],
+    worker = os.path.join(os.path.dirname(__file__), "workers.py")
+    p = subprocess.Popen([sys.executable, worker, "spool", str(spool), mode, str(mib)],
                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     out.close()
     wait_for(spool, "ready", timeout, p)

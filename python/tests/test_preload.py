@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-import line_worker
+import workers
 import pytest
 
 PRELOAD = os.environ.get("ZEROHOP_PRELOAD")
@@ -48,7 +48,7 @@ def gpu_present():
 def test_a_program_unaware_of_zerohop_is_suspended_at_its_next_synchronize(tmp_path):
     import torch
 
-    p, ask = line_worker.start("preload_worker.py", env={**os.environ, "LD_PRELOAD": PRELOAD})
+    p, ask = workers.start("preload", env={**os.environ, "LD_PRELOAD": PRELOAD})
     try:
         free_before = torch.cuda.mem_get_info()[0]
         done = subprocess.run([BIN, "suspend", str(p.pid), str(tmp_path / "s")], capture_output=True, text=True,
@@ -65,4 +65,4 @@ def test_a_program_unaware_of_zerohop_is_suspended_at_its_next_synchronize(tmp_p
         time.sleep(0.3)
         assert int(ask("steps")) > stepped and ask("check") == "intact"
     finally:
-        line_worker.stop(p)
+        workers.stop(p)

@@ -14,13 +14,13 @@ pytest.importorskip("torch.distributed.tensor")
 
 import zerohop.checkpoint as ckpt  # noqa: E402
 
-import rank_processes  # noqa: E402
+import workers  # noqa: E402
 
 
 def run(tmp_path, action, seed, world=2):
     out = tmp_path / f"out-{action}-{seed}-{world}"
     out.mkdir(exist_ok=True)
-    return rank_processes.run_ranks("ckpt_worker.py", [action, str(seed), str(tmp_path)], out, world)
+    return workers.run_ranks("ckpt_worker.py", [action, str(seed), str(tmp_path)], out, world)
 
 
 def ok(results):

@@ -7,7 +7,7 @@ import os
 import subprocess
 import time
 
-import line_worker
+import workers
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -56,7 +56,7 @@ def test_tensors_and_a_captured_graph_survive_a_suspend(tmp_path):
     del pool
 
 
-# From outside: a real workload in another process (suspend_gpu_worker.py),
+# From outside: a real workload in another process (workers.py "gpu"),
 # driven by the zerohop command.
 
 BIN = os.environ.get("ZEROHOP_BIN")
@@ -64,19 +64,19 @@ BIN = os.environ.get("ZEROHOP_BIN")
 
 @pytest.fixture
 def worker():
-    """Yields start(mib): suspend_gpu_worker.py with MiB of filler, as (process, ask)."""
+    """Yields start(mib): workers.py "gpu" with MiB of filler, as (process, ask)."""
     if not BIN:
         pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
     started = []
 
     def start(mib):
-        started.append(line_worker.start("suspend_gpu_worker.py", mib))
+        started.append(workers.start("gpu", mib))
         return started[-1]
 
     yield start
     for p, _ in started:
         if p.poll() is None:
-            line_worker.stop(p)
+            workers.stop(p)
 
 
 def zerohop_cli(*args):

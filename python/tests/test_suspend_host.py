@@ -5,13 +5,12 @@ GPU run in the GPU suite)."""
 import ctypes
 
 import pytest
-from damage import damaged_copy
 
 import zerohop
 from zerohop import _native
 
 
-def test_host_memory_is_suspended_and_resumed_at_the_same_addresses(tmp_path):
+def test_host_memory_is_suspended_and_resumed_at_the_same_addresses(tmp_path, damaged_copy):
     sizes = [(1 << 20) + 5, 4096, 3 << 20]
     allocations = []
     for i, n in enumerate(sizes):

@@ -1,13 +1,12 @@
 """`zerohop suspend PID DIR` / `zerohop resume PID DIR` against a real
-process serving its heap (suspend_worker.py, host memory)."""
+process serving its heap (workers.py "heap", host memory)."""
 
 import os
 import subprocess
 import time
 
-import line_worker
+import workers
 import pytest
-from damage import damaged_copy
 
 BIN = os.environ.get("ZEROHOP_BIN")
 
@@ -16,16 +15,16 @@ BIN = os.environ.get("ZEROHOP_BIN")
 def worker():
     if not BIN:
         pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
-    p, ask = line_worker.start("suspend_worker.py")
+    p, ask = workers.start("heap")
     yield p, ask
-    line_worker.stop(p)
+    workers.stop(p)
 
 
 def zerohop(*args):
     return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120)
 
 
-def test_a_process_is_suspended_and_resumed_from_outside(worker, tmp_path):
+def test_a_process_is_suspended_and_resumed_from_outside(worker, tmp_path, damaged_copy):
     p, ask = worker
     pid = str(p.pid)
     done = zerohop("suspend", pid, str(tmp_path / "s1"))
@@ -84,7 +83,7 @@ def test_killing_the_command_mid_suspend_leaves_a_whole_checkpoint_or_none(tmp_p
     # asked for, and commits it whole, or not at all; it resumes from it.
     if not BIN:
         pytest.skip("ZEROHOP_BIN does not name the zerohop binary")
-    p, ask = line_worker.start("suspend_worker.py", 256)
+    p, ask = workers.start("heap", 256)
     try:
         client = subprocess.Popen([BIN, "suspend", str(p.pid), str(tmp_path / "s")])
         time.sleep(0.05)
@@ -99,4 +98,4 @@ def test_killing_the_command_mid_suspend_leaves_a_whole_checkpoint_or_none(tmp_p
         assert resumed.returncode == 0, resumed.stderr
         assert ask("check") == "intact"
     finally:
-        line_worker.stop(p)
+        workers.stop(p)

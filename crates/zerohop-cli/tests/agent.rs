@@ -13,9 +13,8 @@ use zerohop_wire::control::{self, Reply, Request};
 use zerohop_wire::ring::{OP_READ, OP_WRITE};
 use zerohop_wire::{shm::SharedMemory, socket};
 
-#[path = "common/agents.rs"]
-mod agents;
-use agents::{compile_c, pattern, Agent, TempDir, CLIENT_LIBRARY};
+mod common;
+use common::{compile_c, pattern, Agent, TempDir, CLIENT_LIBRARY};
 
 // The tests read client buffers only after their I/O completed, which is
 // what `HostBuffer::as_slice` asks (its `unsafe` blocks below rely on it).

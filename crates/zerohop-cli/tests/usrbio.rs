@@ -7,9 +7,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-#[path = "common/agents.rs"]
-mod agents;
-use agents::{compile_c, pattern, Agent, TempDir, USRBIO_LIBRARY};
+mod common;
+use common::{compile_c, pattern, Agent, TempDir, USRBIO_LIBRARY};
 
 struct Setup {
     agent: Agent,

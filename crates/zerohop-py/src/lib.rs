@@ -13,7 +13,6 @@ mod engines;
 mod errors;
 mod process;
 mod progress;
-mod progress_line;
 mod suspend;
 mod transfers;
 

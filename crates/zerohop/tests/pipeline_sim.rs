@@ -396,7 +396,10 @@ fn copy_queues_are_kept_between_loads() {
         load_exact(&engine, &path, &data);
     }
     let made = sim.queues_made();
-    assert!((3..=4).contains(&made), "later loads reuse the queues: {made} made");
+    assert!(
+        (3..=4).contains(&made),
+        "later loads reuse the queues: {made} made"
+    );
 }
 
 #[test]

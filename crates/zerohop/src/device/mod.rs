@@ -5,7 +5,6 @@
 //! `zerohop::testing` (cargo feature `testing`).
 
 mod buffer;
-mod checksums;
 mod cuda;
 mod host;
 mod name;
@@ -13,7 +12,6 @@ mod reserved;
 
 pub(crate) use buffer::borrow_end;
 pub use buffer::{DeviceAddr, DeviceBuffer, DeviceKind};
-pub use checksums::DeviceChecksums;
 pub use cuda::{cuda_driver_summary, CudaDevice};
 pub use host::HostDevice;
 #[cfg(feature = "testing")]
@@ -191,4 +189,20 @@ pub trait Device: Send + Sync {
     /// Copies host bytes into device memory, synchronously (tests, benchmark
     /// fills, small host-side data).
     fn write_from_host(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()>;
+}
+
+/// Hashes chunks of a device's memory where the memory is, without the
+/// host reading them: a capability some devices have (a kernel on a GPU),
+/// kept apart from [`Device`]'s copies because only checkpoints need it.
+pub trait DeviceChecksums: Send + Sync {
+    /// Makes hashing ready (a GPU loads its kernel on the first call); an
+    /// error says why this device cannot hash after all.
+    fn ready(&self) -> Result<()>;
+
+    /// XXH3-64 (seed 0) of each chunk, a chunk being its buffers' bytes one
+    /// after another, once the work queued on the buffers' streams is done
+    /// (a GPU hashes only chunks of more than 240 bytes with its kernel,
+    /// reading shorter ones back to hash them on the host). Buffers that
+    /// are not this device's memory are an error.
+    fn xxh3_64(&self, chunks: &[Vec<DeviceBuffer>]) -> Result<Vec<u64>>;
 }

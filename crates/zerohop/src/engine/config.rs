@@ -75,7 +75,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             staging: StagingConfig::default(),
-            io_threads: crate::machine::cpus::available_cpus().clamp(2, 16),
+            io_threads: crate::machine::availability::available_cpus().clamp(2, 16),
             // Ranged GETs of an 8.33 GB object from a local S3 server on
             // the reference H200 machine: 16 MiB x 32 in flight ran at
             // 3.06 - 3.71 GB/s, 4 MiB x 16 (one slot per request) at

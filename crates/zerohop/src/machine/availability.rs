@@ -1,5 +1,6 @@
-//! One fact about the machine: whether something is available, its
-//! version, and why not.
+//! What the machine makes available: whether something is, its version,
+//! and why not (an [`Availability`]); and how many CPUs this process may
+//! use, which the engine's default settings also size themselves by.
 
 use serde::Serialize;
 
@@ -36,4 +37,11 @@ impl Availability {
             Err(why) => Self::unavailable(why),
         }
     }
+}
+
+/// Number of CPUs this process may run on.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }

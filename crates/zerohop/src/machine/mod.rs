@@ -26,13 +26,11 @@
 //! reports one, also when it is unavailable (too old, or failing `criu
 //! check`).
 
-mod availability;
-pub(crate) mod cpus;
+pub(crate) mod availability;
 mod criu;
 mod gds;
 
-pub use availability::Availability;
-pub use cpus::available_cpus;
+pub use availability::{available_cpus, Availability};
 pub use criu::{
     criu_availability, criu_availability_from, criu_output_gist, parse_criu_version, usable_criu,
     CriuVersion, CRIU_ENV, CRIU_HINT, CRIU_MIN_VERSION,

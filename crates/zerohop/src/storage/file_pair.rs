@@ -2,13 +2,30 @@
 //! O_DIRECT where the file system allows it. Sources (loads) and sinks
 //! (saves) both hold one, opened by the helpers here: regular files only,
 //! never blocking, the O_DIRECT twin reopened from the very same file.
+//! Which of the two is used is an [`IoMode`]; a [`ReadBackend`] is a way of
+//! reading them.
 
-use super::io_mode::IoMode;
 use super::stamp::{not_regular, FileStamp};
 use rustix::fs::OFlags;
 use std::fs::{File, OpenOptions};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// How a file's bytes are read or written: through the page cache or with
+/// O_DIRECT (a storage mode that both staged routes and saves use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IoMode {
+    /// Through the page cache.
+    Buffered,
+    /// O_DIRECT: storage DMA straight into the staging slot.
+    Direct,
+}
+
+/// Alignment used for O_DIRECT offsets, lengths and buffers. 4 KiB satisfies
+/// every common logical block size (512 B and 4 KiB).
+pub const DIRECT_ALIGN: u64 = 4096;
 
 #[derive(Debug)]
 pub struct FilePair {
@@ -172,4 +189,26 @@ fn holds_bytes(file: &File) -> bool {
 /// errors, with what kind of file it is otherwise).
 pub fn regular_file_len(file: &File, label: &Path) -> crate::Result<u64> {
     Ok(FileStamp::of(file, label)?.len)
+}
+
+/// A way of reading files; each I/O worker gets its own [`BlockReader`].
+pub trait ReadBackend: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn reader(&self) -> io::Result<Box<dyn BlockReader>>;
+}
+
+/// One worker's reader of local files (see
+/// [`SourceFile::read_block`](super::SourceFile::read_block)).
+pub trait BlockReader: Send {
+    /// Fills `buf` from `offset`, stopping early only at end of file.
+    /// Returns the number of bytes read. With `IoMode::Direct`, `offset`,
+    /// `buf.len()` and the buffer address are multiples of
+    /// [`DIRECT_ALIGN`](super::DIRECT_ALIGN).
+    fn read_at(
+        &mut self,
+        file: &FilePair,
+        mode: IoMode,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> io::Result<usize>;
 }

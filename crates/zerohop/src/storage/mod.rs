@@ -6,30 +6,28 @@
 pub mod atomic;
 mod bus_guard;
 mod file_pair;
-mod io_mode;
 mod mapping;
 mod origin;
 mod psync;
 mod range_hash;
-mod read_backend;
-mod remote_object;
-mod remote_stream;
+mod remote;
 mod sink;
 mod source_file;
 mod stamp;
 mod uring;
 mod write_mapping;
 
-pub use file_pair::{blocking, regular_file_len, reopen_direct, FilePair};
+pub use file_pair::{
+    blocking, regular_file_len, reopen_direct, BlockReader, FilePair, IoMode, ReadBackend,
+    DIRECT_ALIGN,
+};
 pub(crate) use file_pair::{open_regular, Access};
-pub use io_mode::{IoMode, DIRECT_ALIGN};
 pub use mapping::{page_cache_residency, FileMapping, GuardedMapping};
 pub use origin::Origin;
 pub use psync::PreadBackend;
 pub use range_hash::{range_sums, FileRange};
-pub use read_backend::{BlockReader, ReadBackend};
-pub use remote_object::RemoteObject;
-pub(crate) use remote_stream::RemoteStream;
+pub use remote::RemoteObject;
+pub(crate) use remote::RemoteStream;
 pub use sink::{sync_dir, write_mode, PwriteBackend, RemoteSink, SinkFile, WriteBackend};
 pub use source_file::SourceFile;
 pub use uring::{UringBackend, DEFAULT_SEGMENT as DEFAULT_READ_REQUEST};

@@ -1,6 +1,4 @@
-use super::file_pair::FilePair;
-use super::io_mode::{IoMode, DIRECT_ALIGN};
-use super::read_backend::{BlockReader, ReadBackend};
+use super::file_pair::{BlockReader, FilePair, IoMode, ReadBackend, DIRECT_ALIGN};
 use std::io;
 use std::os::unix::fs::FileExt;
 

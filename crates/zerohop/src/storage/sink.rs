@@ -2,8 +2,9 @@
 //! ([`SinkFile`]) and interchangeable write backends of local files
 //! (`pwrite`, and a fault-injecting wrapper).
 
-use super::file_pair::{blocking, open_regular, regular_file_len, reopen_direct, Access, FilePair};
-use super::io_mode::{IoMode, DIRECT_ALIGN};
+use super::file_pair::{
+    blocking, open_regular, regular_file_len, reopen_direct, Access, FilePair, IoMode, DIRECT_ALIGN,
+};
 use super::origin::Origin;
 use crate::{Error, Result};
 use std::fs::{File, OpenOptions};

@@ -1,12 +1,12 @@
 //! Sources of loads: a local file or a remote object opened for reading
 //! ([`SourceFile`]).
 
-use super::file_pair::{blocking, open_regular, reopen_direct, Access, FilePair};
-use super::io_mode::IoMode;
+use super::file_pair::{
+    blocking, open_regular, reopen_direct, Access, BlockReader, FilePair, IoMode,
+};
 use super::mapping::{page_cache_residency, GuardedMapping};
 use super::origin::Origin;
-use super::read_backend::BlockReader;
-use super::remote_object::RemoteObject;
+use super::remote::RemoteObject;
 use super::stamp::FileStamp;
 use crate::{Error, ErrorKind, Result};
 use std::fs::File;

@@ -1,6 +1,10 @@
-"""bench/peers.py's report part on synthetic results (no GPU, no torch):
-the tables' ratios, the target verdicts, the JSON and the chart; and the
-script's --help without torch."""
+"""The benchmark scripts' own logic, without a GPU. bench/peers.py's report
+part on synthetic results (no torch): the tables' ratios, the target
+verdicts, the JSON and the chart, and the script's --help without torch.
+bench/matrix.py at a small size on host memory, as CI runs it: every
+operation and every shape runs through zerohop and its installed peers in
+fresh processes, and every byte comes back right (the matrix checks them
+and fails otherwise). Speed is judged on a GPU, not here."""
 
 import json
 import os
@@ -195,3 +199,39 @@ def test_peers_refuses_bad_options_in_one_line():
     out = subprocess.run([sys.executable, "-S", str(BENCH / "peers.py"), "--modes", "hot"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "need FILE" in out.stderr
+
+
+MATRIX = BENCH / "matrix.py"
+
+
+@pytest.fixture
+def matrix_needs():
+    """What the matrix makes its tensors and files with."""
+    pytest.importorskip("torch", reason="the matrix makes its tensors with torch")
+    pytest.importorskip("safetensors", reason="the matrix makes its files with safetensors")
+
+
+def test_matrix_every_operation_and_shape_gives_back_the_right_bytes(tmp_path, matrix_needs):
+    out = subprocess.run(
+        [sys.executable, str(MATRIX), "--device", "cpu", "--size", "64MiB", "--rounds", "1",
+         "--dir", str(tmp_path), "--json-out", str(tmp_path / "matrix.json")],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "every byte checked" in out.stdout
+    for op in ("load_file", "get_slice", "save_file", "checkpoint-save", "checkpoint-load"):
+        assert f"== {op} " in out.stdout, out.stdout
+    # Nothing is left behind in the directory but the report.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["matrix.json"]
+
+
+def test_a_wrong_byte_fails_the_matrix(tmp_path, matrix_needs):
+    """The check is real: a child that hands back other bytes is reported
+    and fails the run (ZEROHOP_MATRIX_CORRUPT flips a loaded byte)."""
+    out = subprocess.run(
+        [sys.executable, str(MATRIX), "--device", "cpu", "--size", "1MiB", "--rounds", "1",
+         "--dir", str(tmp_path), "--ops", "load_file", "--shapes", "four"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "ZEROHOP_MATRIX_CORRUPT": "1"},
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "bytes differ" in out.stdout
