@@ -22,6 +22,11 @@ parallel writes of the same bytes from host memory, 16 threads into one
 file (with `pwrite`, and copying into a shared mapping of it: the faster
 way into one file of a memory file system) and into 16 files (saves).
 
+`--before DIR` measures a second build of zerohop beside this one, as the
+tool "zerohop-before" (DIR holds its `zerohop` package, e.g. its wheel
+installed with `pip install --target DIR`): a change against the commit
+before it, in one machine start. `--tools` keeps only the tools named.
+
 For each operation it prints zerohop's worst shape over its best (GB/s) and,
 on a GPU, fails (exit 1) when that is under 0.85. On host memory
 (--device cpu, as CI runs it at a small size) it checks that every
@@ -30,6 +35,7 @@ nothing.
 
     python3 bench/matrix.py [--size 8GiB] [--rounds 3] [--ops load_file,...]
                             [--dir /dev/shm] [--device cuda:0] [--ledger bench/results.jsonl]
+                            [--before DIR] [--tools zerohop,instanttensor,...]
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ TOOLS = {
     "checkpoint-save": ("zerohop", "torch.save", "raw-16-files"),
     "checkpoint-load": ("zerohop", "torch.load"),
 }
+# zerohop built from another commit (--before), measured as a peer.
+BEFORE = "zerohop-before"
 # Raw writes are the limit a save is judged against, not a peer.
 LIMITS = ("raw-1-file", "raw-1-file-mapped", "raw-16-files", "pinned-h2d")
 WORST_OVER_BEST = 0.85
@@ -185,6 +193,9 @@ def child(spec: dict) -> dict:
     import torch
 
     device, op, tool, files = spec["device"], spec["op"], spec["tool"], spec["files"]
+    # The build before a change runs as zerohop does, found first on the
+    # child's path (see run_child).
+    tool = "zerohop" if tool == BEFORE else tool
     if device.startswith("cuda"):
         torch.zeros(1, device=device)
         torch.cuda.synchronize()
@@ -331,11 +342,14 @@ def checkpoint_load(torch, tool: str, target: str, device: str, sync):
 CHILD_TIMEOUT = 300
 
 
-def run_child(spec: dict) -> dict:
+def run_child(spec: dict, before: str = "") -> dict:
     # The spec on standard input: thousands of tensors do not fit in argv.
+    env = None
+    if spec["tool"] == BEFORE:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (before, os.environ.get("PYTHONPATH")) if p))
     try:
         out = subprocess.run([sys.executable, __file__, "--child"], input=json.dumps(spec), capture_output=True,
-                             text=True, timeout=CHILD_TIMEOUT)
+                             text=True, timeout=CHILD_TIMEOUT, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"no answer in {CHILD_TIMEOUT} s"}
     if out.returncode != 0:
@@ -376,24 +390,25 @@ def measure(args, op: str, shape: str, tools: list, paths: list, seed: int) -> d
         order = tools[r % len(tools):] + tools[:r % len(tools)]
         # Peers and limits may take fewer rounds (--peer-rounds): the slow
         # saves of 8 GiB take most of a run otherwise.
-        order = [t for t in order if t == "zerohop" or r < args.peer_rounds]
+        order = [t for t in order if t in ("zerohop", BEFORE) or r < args.peer_rounds]
         for tool in order:
             target = os.path.join(args.dir, f"zerohop-matrix-{shape}-{tool}-{r}")
-            ext = {"zerohop": ".safetensors", "safetensors": ".safetensors", "torch.save": ".pt"}.get(tool, "")
+            ext = {"zerohop": ".safetensors", BEFORE: ".safetensors", "safetensors": ".safetensors",
+                   "torch.save": ".pt"}.get(tool, "")
             spec = {"device": args.device, "op": op, "tool": tool, "files": files, "paths": paths,
                     "seed": seed, "target": target + ext}
             if op == "checkpoint-save":
-                spec["target"] = target + ext if tool != "zerohop" else target
-                got = run_child(spec)
+                spec["target"] = target + ext if tool not in ("zerohop", BEFORE) else target
+                got = run_child(spec, args.before)
                 # The restore, in a fresh process of its own, right after.
-                load_tool = {"zerohop": "zerohop", "torch.save": "torch.load"}.get(tool)
+                load_tool = {"zerohop": "zerohop", BEFORE: BEFORE, "torch.save": "torch.load"}.get(tool)
                 if load_tool and "error" not in got:
-                    back = run_child({**spec, "op": "checkpoint-load", "tool": load_tool})
+                    back = run_child({**spec, "op": "checkpoint-load", "tool": load_tool}, args.before)
                     show("checkpoint-load", shape, load_tool, r, back)
                     rows.setdefault(("checkpoint-load", load_tool), []).append(back)
                     got["ok"] = back.get("ok", False)
             else:
-                got = run_child(spec)
+                got = run_child(spec, args.before)
             show(op, shape, tool, r, got)
             rows[tool].append(got)
             remove(spec["target"])
@@ -415,7 +430,7 @@ def summary(samples: list) -> dict:
 
 def report(op: str, table: dict, limits: dict) -> tuple:
     """Prints one operation's table; returns (worst over best, failures)."""
-    tools = [t for t in TOOLS[op] if any(table[s].get(t) for s in table)]
+    tools = [t for t in tool_list(op) if any(table[s].get(t) for s in table)]
     print(f"\n== {op} (GB/s, best / median of each tool's rounds; first call in a fresh process)")
     head = f"{'shape':<12}" + "".join(f"{t:>22}" for t in tools)
     if op in ("load_file", "get_slice") and "pinned-h2d" in limits:
@@ -458,6 +473,13 @@ def report(op: str, table: dict, limits: dict) -> tuple:
     return ratio, failures
 
 
+def tool_list(op: str, before: str = "x") -> list:
+    """`op`'s tools: zerohop, the build before a change where there is one
+    (`before`: always, for tables of what was measured), its peers and
+    limits."""
+    return ["zerohop"] + ([BEFORE] if before else []) + list(TOOLS[op][1:])
+
+
 def ledger_line(args, figure: str, value: float, command: str) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": args.commit or commit or "unknown",
@@ -486,6 +508,9 @@ def main() -> None:
     ap.add_argument("--machine", default=os.uname().nodename)
     ap.add_argument("--commit", help="the commit measured (default: git's HEAD)")
     ap.add_argument("--json-out")
+    ap.add_argument("--before", default="", help="a directory holding another build's zerohop package, measured "
+                    f"beside this one as {BEFORE!r}")
+    ap.add_argument("--tools", help="only these tools (zerohop, peers, limits; comma-separated)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -520,7 +545,9 @@ def main() -> None:
         print(f"{shape}: {sum(len(f) for f in files)} tensors in {len(files)} file(s), made in "
               f"{time.perf_counter() - t:.1f} s", flush=True)
         for op in ops:
-            tools = [t for t in TOOLS[op] if installed(t) and (on_gpu or t != "instanttensor")]
+            tools = [t for t in tool_list(op, args.before) if installed(t) and (on_gpu or t != "instanttensor")]
+            if args.tools:
+                tools = [t for t in tools if t in args.tools.split(",")]
             rows = measure(args, op, shape, tools, paths, seed)
             for key, samples in rows.items():
                 o, t = key if isinstance(key, tuple) else (op, key)

@@ -120,7 +120,7 @@ def child(path: str, variant: str, warm: bool) -> dict:
         "route_setup_ms": stats.get("setup_seconds", 0) * 1e3,
         "engine_setup_ms": stats.get("engine_setup_seconds", 0) * 1e3,
         "worker_start_ms": stats.get("profile", {}).get("start_seconds", 0) * 1e3,
-        "staging_ms": stats.get("profile", {}).get("staging_seconds", 0) * 1e3,
+        "staging_ms": stats.get("staging_seconds", 0) * 1e3,
         "notes": stats.get("notes", []),
         "engine_gbps": stats.get("gbps"),
     }

@@ -195,10 +195,10 @@ def test_import_prepares_the_named_device_in_the_background(tmp_path):
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     prepared = first_read("sim")
-    assert prepared["profile"]["staging_seconds"] == 0, prepared
+    assert prepared["staging_seconds"] == 0, prepared
     assert prepared["engine_setup_seconds"] == 0, prepared
     cold = first_read("0")
-    assert cold["profile"]["staging_seconds"] > 0, cold
+    assert cold["staging_seconds"] > 0, cold
     assert cold["engine_setup_seconds"] > 0, cold
 
 

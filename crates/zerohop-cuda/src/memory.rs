@@ -114,11 +114,14 @@ impl Drop for DeviceAllocation {
 }
 
 /// Page-locked host memory, usable for async copies: an anonymous mapping
-/// of this process, populated, then registered with the driver.
+/// of this process, populated, then registered with the driver in one call.
 ///
 /// On the H200 machine (`bench/probe/write_and_pin.c`), `cuMemHostAlloc`
 /// pinned 128 MiB in 63 - 100 ms whether asked from one thread or sixteen;
-/// huge pages populated and registered, in 27 - 33 ms.
+/// huge pages populated and registered 4 MiB at a time, in 27 - 33 ms; one
+/// registration of 128 MiB of present pages took 7 ms. The driver
+/// serializes registrations and charges each about 0.8 ms: pin few, large
+/// buffers.
 #[derive(Debug)]
 pub struct PinnedBuffer {
     ctx: Arc<Context>,
@@ -165,9 +168,9 @@ impl PinnedBuffer {
         // SAFETY: advice on the mapping just made, which nothing else uses.
         unsafe {
             libc::madvise(ptr, mapped, libc::MADV_HUGEPAGE);
-            libc::madvise(ptr, mapped, libc::MADV_POPULATE_WRITE);
             libc::madvise(ptr, mapped, libc::MADV_DONTFORK);
         }
+        populate(ptr.cast(), mapped);
         // SAFETY: the range is mapped until `Drop` unregisters it first.
         let registered = check(
             unsafe { sys::cuMemHostRegister_v2(ptr, mapped, sys::CU_MEMHOSTREGISTER_PORTABLE) },
@@ -217,6 +220,46 @@ impl Drop for PinnedBuffer {
             }
         }
     }
+}
+
+/// Makes the pages of `ptr..ptr+len`, a fresh private mapping, present
+/// (`MADV_POPULATE_WRITE`), several pieces at once: the kernel zeroes each
+/// page as it provides it, which for a staging pool of 128 MiB is several
+/// milliseconds of one CPU. Advice only: where it is refused (kernels before
+/// 5.14), the driver faults the pages in as it registers them.
+fn populate(ptr: *mut u8, len: usize) {
+    const PIECE: usize = 16 << 20;
+    let pieces = len.div_ceil(PIECE);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(pieces)
+        .min(16);
+    let per_thread = pieces.div_ceil(threads.max(1)) * PIECE;
+    // Addresses cross threads as integers: each thread advises its own
+    // disjoint piece of a mapping that outlives the scope.
+    let start = ptr as usize;
+    let advise = |from: usize| {
+        let n = per_thread.min(len - from);
+        // SAFETY: advice on `from..from+n`, inside the caller's fresh
+        // mapping; it changes no byte a program has written.
+        unsafe {
+            libc::madvise(
+                (start + from) as *mut libc::c_void,
+                n,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+    };
+    if threads <= 1 {
+        advise(0);
+        return;
+    }
+    std::thread::scope(|scope| {
+        for from in (per_thread..len).step_by(per_thread) {
+            scope.spawn(move || advise(from));
+        }
+        advise(0);
+    });
 }
 
 fn page_size() -> usize {

@@ -47,9 +47,9 @@ pub fn device_name(spec: &str) -> PyResult<String> {
     })
 }
 
-/// Makes the engine of `device` now, with all its pinned staging memory
-/// (which transfers otherwise pin as they first need it). Returns the
-/// engine's device, as `info` describes it.
+/// Makes the engine of `device` now, with its pinned staging memory (which
+/// the first transfer otherwise pins). Returns the engine's device, as
+/// `info` describes it.
 #[pyfunction]
 pub fn prepare(py: Python<'_>, device: &str) -> PyResult<String> {
     let place = Place::parse(device)?;

@@ -1,9 +1,12 @@
-//! A fixed pool of staging slots per device: allocated once, never per
-//! request, so host memory stays bounded whatever the model size.
+//! A fixed pool of staging slots per device: one block of host memory,
+//! allocated once (pinned, on a GPU) and never per request, so host memory
+//! stays bounded whatever the model size.
 
 use crate::device::{Device, StagingMemory};
 use crate::storage::DIRECT_ALIGN;
 use crate::{Error, Result};
+use std::marker::PhantomData;
+use std::time::Instant;
 
 /// Size of the staging pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -62,98 +65,106 @@ impl StagingConfig {
     }
 }
 
-/// The slots themselves, each pinned the first time a worker uses it (see
-/// [`StagingShare`]) and kept from then on.
+/// The slots, one after another in one block, allocated when the first
+/// transfer needs them (or when asked: [`StagingPool::allocate`]) and kept
+/// from then on. One block because pinning costs the driver about 0.8 ms a
+/// call whatever the size, and it serializes calls: on the H200 machine
+/// 32 registrations of 4 MiB took 27 - 33 ms, one of 128 MiB 7 ms.
 pub struct StagingPool {
     config: StagingConfig,
-    slots: Vec<Option<Box<dyn StagingMemory>>>,
+    block: Option<Box<dyn StagingMemory>>,
 }
 
 impl StagingPool {
-    /// A pool of `config.slot_count()` slots, none allocated yet.
+    /// A pool of `config.slot_count()` slots, not allocated yet.
     pub fn new(config: StagingConfig) -> Result<Self> {
         config.validate()?;
-        let slots = (0..config.slot_count()).map(|_| None).collect();
-        Ok(StagingPool { config, slots })
+        Ok(StagingPool {
+            config,
+            block: None,
+        })
     }
 
     pub fn config(&self) -> StagingConfig {
         self.config
     }
 
-    /// Bytes of host memory held by the pool (slots allocated so far).
+    /// Bytes of host memory held by the pool (0 until it is allocated).
     pub fn bytes(&self) -> u64 {
-        self.slots.iter().flatten().map(|s| s.len() as u64).sum()
+        self.block.as_ref().map_or(0, |b| b.len() as u64)
     }
 
-    /// Allocates every slot not allocated yet, on `threads` threads at
-    /// once: pinning is mostly the kernel faulting pages in, which runs in
-    /// parallel (one thread pins 128 MiB in 63 - 88 ms on the H200
-    /// machine; a load's 16 workers pin their shares in about 14).
-    pub fn allocate_all(&mut self, device: &dyn Device, threads: usize) -> Result<()> {
-        let per_thread = self.slots.len().div_ceil(threads.max(1));
-        let slot_bytes = self.config.slot_bytes;
-        std::thread::scope(|scope| {
-            let pinning: Vec<_> = self
-                .slots
-                .chunks_mut(per_thread)
-                .map(|slots| {
-                    scope.spawn(move || {
-                        for slot in slots.iter_mut().filter(|s| s.is_none()) {
-                            *slot = Some(device.alloc_staging(slot_bytes)?);
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            pinning
-                .into_iter()
-                .try_for_each(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-        })
+    /// Allocates the slots' block unless it is already; returns the seconds
+    /// that took (0 when it was already allocated).
+    pub fn allocate(&mut self, device: &dyn Device) -> Result<f64> {
+        if self.block.is_some() {
+            return Ok(0.0);
+        }
+        let t = Instant::now();
+        let bytes = self.config.slot_count() * self.config.slot_bytes;
+        let block = device.alloc_staging(bytes)?;
+        if block.len() < bytes {
+            return Err(Error::new(
+                crate::ErrorKind::Device,
+                format!(
+                    "staging allocation gave {} bytes where {bytes} were asked for",
+                    block.len()
+                ),
+            ));
+        }
+        self.block = Some(block);
+        Ok(t.elapsed().as_secs_f64())
     }
 
     /// Splits the slots among at most `workers` workers (at least one),
     /// each getting at least `min_slots` (two let a worker read one while
-    /// another copies) where there are enough.
-    pub(crate) fn worker_shares<'p>(
-        &'p mut self,
-        device: &'p dyn Device,
+    /// another copies) where there are enough. The pool must have been
+    /// allocated ([`StagingPool::allocate`]).
+    pub(crate) fn worker_shares(
+        &mut self,
         workers: usize,
         min_slots: usize,
-    ) -> Vec<StagingShare<'p>> {
-        let n = workers.min(self.slots.len() / min_slots.max(1)).max(1);
-        let per_worker = self.slots.len() / n;
+    ) -> Vec<StagingShare<'_>> {
+        let slots = self.config.slot_count();
         let slot_bytes = self.config.slot_bytes;
-        self.slots
-            .chunks_mut(per_worker)
-            .take(n)
-            .map(|slots| StagingShare {
-                slots,
-                device,
+        let n = workers.min(slots / min_slots.max(1)).max(1);
+        let per_worker = slots / n;
+        let base = self
+            .block
+            .as_mut()
+            .expect("the staging pool is allocated before it is shared")
+            .as_mut_ptr();
+        (0..n)
+            .map(|w| StagingShare {
+                // SAFETY: `n * per_worker <= slots`, so every share lies
+                // inside the block, which holds `slots * slot_bytes` bytes.
+                first: unsafe { base.add(w * per_worker * slot_bytes) },
+                count: per_worker,
                 slot_bytes,
-                alloc_seconds: 0.0,
+                _pool: PhantomData,
             })
             .collect()
     }
 }
 
-/// One worker's slots. A slot is allocated (pinned, on a GPU) the first
-/// time its worker takes it, on the worker's own thread: a new engine's
-/// first transfer starts as soon as each worker has its first slot, and
-/// the workers pin in parallel, instead of the whole pool being pinned
-/// before anything moves (63 - 88 ms for 128 MiB on the H200 machine).
+/// One worker's slots: consecutive slots of the pool's block, which no
+/// other share overlaps. The pool stays borrowed mutably while any share
+/// lives, so the block outlives it and nobody else hands its slots out.
 pub(crate) struct StagingShare<'p> {
-    slots: &'p mut [Option<Box<dyn StagingMemory>>],
-    device: &'p dyn Device,
+    first: *mut u8,
+    count: usize,
     slot_bytes: usize,
-    /// Seconds spent allocating slots.
-    pub alloc_seconds: f64,
+    _pool: PhantomData<&'p mut [u8]>,
 }
+
+// SAFETY: a share is the only way to its slots' memory while it lives (see
+// above), as a `&mut [u8]` would be, and that can be sent to another thread.
+unsafe impl Send for StagingShare<'_> {}
 
 impl StagingShare<'_> {
     /// Slots in this share.
     pub fn count(&self) -> usize {
-        self.slots.len()
+        self.count
     }
 
     /// Bytes per slot.
@@ -161,15 +172,13 @@ impl StagingShare<'_> {
         self.slot_bytes
     }
 
-    /// Slot `i`, allocated now if this is its first use.
-    pub fn get(&mut self, i: usize) -> Result<&mut dyn StagingMemory> {
-        let slot = &mut self.slots[i];
-        if slot.is_none() {
-            let t = std::time::Instant::now();
-            *slot = Some(self.device.alloc_staging(self.slot_bytes)?);
-            self.alloc_seconds += t.elapsed().as_secs_f64();
-        }
-        Ok(slot.as_deref_mut().expect("allocated above"))
+    /// The first byte of slot `i`, the start of `slot_bytes` bytes that
+    /// only this share reaches.
+    pub fn ptr(&self, i: usize) -> *mut u8 {
+        assert!(i < self.count, "slot {i} of a share of {}", self.count);
+        // SAFETY: slot `i` lies inside this share (checked above), which
+        // lies inside the pool's block.
+        unsafe { self.first.add(i * self.slot_bytes) }
     }
 }
 
@@ -178,10 +187,10 @@ mod tests {
     use super::*;
     use crate::device::HostDevice;
 
-    /// Slots are allocated on first use only, once each, and the pool
-    /// counts only what is allocated.
+    /// The block is allocated once, on request, and split into disjoint
+    /// shares of whole slots.
     #[test]
-    fn slots_are_allocated_on_first_use() {
+    fn one_block_split_into_disjoint_shares() {
         let device = HostDevice::new();
         let mut pool = StagingPool::new(StagingConfig {
             total_bytes: 8 << 12,
@@ -189,21 +198,31 @@ mod tests {
         })
         .unwrap();
         assert_eq!(pool.bytes(), 0);
-        let mut shares = pool.worker_shares(&device, 3, 2);
+        pool.allocate(&device).unwrap();
+        assert_eq!(pool.bytes(), 8 << 12);
+        assert_eq!(
+            pool.allocate(&device).unwrap(),
+            0.0,
+            "an allocated pool is kept, not made again"
+        );
+        let shares = pool.worker_shares(3, 2);
         assert_eq!(shares.len(), 3);
         assert!(shares.iter().all(|s| s.count() == 2));
-        let first = shares[0].get(1).unwrap().as_mut_ptr();
-        assert_eq!(shares[0].get(1).unwrap().as_mut_ptr(), first);
-        shares[2].get(0).unwrap();
+        let mut starts: Vec<usize> = shares
+            .iter()
+            .flat_map(|s| (0..s.count()).map(|i| s.ptr(i) as usize))
+            .collect();
+        starts.sort_unstable();
+        starts.dedup();
+        assert_eq!(starts.len(), 6, "no slot is handed out twice");
+        assert!(starts.windows(2).all(|w| w[1] - w[0] >= 1 << 12));
         drop(shares);
-        assert_eq!(pool.bytes(), 2 << 12);
-        pool.allocate_all(&device, 3).unwrap();
-        assert_eq!(pool.bytes(), 8 << 12);
-        pool.allocate_all(&device, 3).unwrap();
         assert_eq!(
-            pool.bytes(),
-            8 << 12,
-            "allocated slots are kept, not made again"
+            pool.worker_shares(100, 2).len(),
+            4,
+            "at most slots / min_slots"
         );
+        assert_eq!(pool.worker_shares(0, 2).len(), 1, "at least one share");
+        assert_eq!(pool.bytes(), 8 << 12);
     }
 }

@@ -24,6 +24,8 @@ struct Phase {
     windows: usize,
     threads: usize,
     notes: Vec<String>,
+    /// Allocating the staging pool, where this phase did.
+    staging_seconds: f64,
 }
 
 impl Phase {
@@ -32,6 +34,7 @@ impl Phase {
         self.windows += o.windows;
         self.threads = self.threads.max(o.threads);
         self.notes.extend(o.notes);
+        self.staging_seconds += o.staging_seconds;
     }
 }
 
@@ -106,6 +109,7 @@ impl Engine {
             windows: done.windows,
             profile: done.moved.profile,
             setup_seconds,
+            staging_seconds: done.staging_seconds,
             engine_setup_seconds: self.take_setup_seconds(),
             notes: done.notes,
             ..Default::default()
@@ -215,7 +219,8 @@ impl Engine {
             false => (self.config.io_threads, 2),
         };
         let claims = super::claims::claims(&items, files, self.config.remote_read_bytes, workers);
-        let shares = pool.worker_shares(self.device.as_ref(), workers.min(claims.len()), min_slots);
+        let staging_seconds = pool.allocate(self.device.as_ref())?;
+        let shares = pool.worker_shares(workers.min(claims.len()), min_slots);
         let threads = shares.len();
         // Each worker makes its copy queue and reader on its own thread.
         let workers = shares.into_iter().map(|slots| Worker { slots }).collect();
@@ -242,6 +247,7 @@ impl Engine {
             windows,
             threads,
             notes,
+            staging_seconds,
         })
     }
 }

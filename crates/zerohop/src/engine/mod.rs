@@ -113,13 +113,13 @@ impl Engine {
         })
     }
 
-    /// Allocates (pins) every staging slot now, where transfers would
-    /// allocate each on its first use: for callers with time to spare
-    /// before their first transfer. The engine's setup is then not on any
-    /// transfer's path, and no transfer's stats count it.
+    /// Allocates (pins) the staging pool now, where the first transfer
+    /// would: for callers with time to spare before their first transfer.
+    /// The engine's setup is then not on any transfer's path, and no
+    /// transfer's stats count it.
     pub fn allocate_staging(&self) -> Result<()> {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        pool.allocate_all(self.device.as_ref(), self.config.io_threads)?;
+        pool.allocate(self.device.as_ref())?;
         self.take_setup_seconds();
         Ok(())
     }

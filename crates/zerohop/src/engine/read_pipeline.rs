@@ -145,7 +145,6 @@ fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
     }
     moved.profile.copy_wait_seconds += waited.elapsed().as_secs_f64();
     moved.profile.worker_seconds = started.elapsed().as_secs_f64();
-    moved.profile.staging_seconds = w.slots.alloc_seconds;
     // After an error, copies queued without a fence may still run: the pool
     // waits for them before it keeps the queue.
     shared
@@ -343,11 +342,6 @@ fn stage(
         wait_oldest(pending, free, &mut moved.profile)?;
     }
     let slot = free.pop().expect("a slot is free");
-    // Allocated here on its first use, outside the read's time.
-    if let Err(e) = w.slots.get(slot) {
-        free.push(slot);
-        return Err(e);
-    }
     let t = Instant::now();
     let read = match fill {
         Fill::Read(mode) => read_window(w, slot, job.backend, file, mode, win).map(Some),
@@ -359,9 +353,8 @@ fn stage(
             let t = Instant::now();
             // SAFETY: the slot holds `win.needed` freshly read bytes and no
             // copy reads or writes it now.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(w.slots.get(slot)?.as_mut_ptr(), win.needed as usize)
-            };
+            let bytes =
+                unsafe { std::slice::from_raw_parts(w.slots.ptr(slot), win.needed as usize) };
             check(win.file, win.start, bytes)?;
             moved.profile.check_seconds += t.elapsed().as_secs_f64();
         }
@@ -374,7 +367,7 @@ fn stage(
             return Err(e);
         }
     };
-    let base = w.slots.get(slot)?.as_mut_ptr();
+    let base = w.slots.ptr(slot);
     // SAFETY: the slot holds `win.needed` freshly read bytes, and it stays
     // untouched until the fence below has been waited for (it is on
     // `pending` and not in `free`).
@@ -391,15 +384,14 @@ fn stage(
 
 /// Copies the bytes `win` needs out of its file's mapping into `slot`.
 fn copy_window(w: &mut Equipment<'_>, slot: usize, job: &Job<'_>, win: &Window) -> Result<()> {
-    let staging = w.slots.get(slot)?;
-    assert_fits(win, staging);
+    assert_fits(win, w.slots.slot_bytes());
     let file = &job.files[win.file];
     let map = job.maps[win.file]
         .as_ref()
         .expect("mapped-copy files are mapped");
     // SAFETY: this worker owns the slot exclusively and no copy reads it now
     // (its last fence has passed), so a unique mutable view is sound.
-    let buf = unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr(), win.needed as usize) };
+    let buf = unsafe { std::slice::from_raw_parts_mut(w.slots.ptr(slot), win.needed as usize) };
     map.copy_to(win.start, buf).map_err(|e| {
         // Say how the file changed, where the stamp shows it.
         file.check_unchanged().err().unwrap_or_else(|| {
@@ -426,12 +418,10 @@ fn read_window(
     mode: IoMode,
     win: &Window,
 ) -> Result<IoMode> {
-    let staging = w.slots.get(slot)?;
-    assert_fits(win, staging);
+    assert_fits(win, w.slots.slot_bytes());
     // SAFETY: this worker owns the slot exclusively and no copy reads it now
     // (its last fence has passed), so a unique mutable view is sound.
-    let buf =
-        unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr(), win.read_len as usize) };
+    let buf = unsafe { std::slice::from_raw_parts_mut(w.slots.ptr(slot), win.read_len as usize) };
     if let Some(stream) = &mut w.stream {
         // A remote object's window: just the bytes its copies need.
         let got = stream

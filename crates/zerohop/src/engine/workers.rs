@@ -1,7 +1,7 @@
 //! What the read and write pipelines share: progress reports, the check
 //! that a window fits its slot, and the runner of their worker threads.
 
-use crate::device::{CopyQueue, Device, StagingMemory};
+use crate::device::{CopyQueue, Device};
 use crate::plan::Window;
 use crate::{Error, ErrorKind, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,11 +10,12 @@ use std::sync::Mutex;
 /// Reports progress in bytes; called from worker threads.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 
-/// Checks that `win` fits in `slot`. Windows are cut to the slot size when
-/// planned, so a larger one is a bug in the engine, not bad input.
-pub(super) fn assert_fits(win: &Window, slot: &dyn StagingMemory) {
+/// Checks that `win` fits in a slot of `slot_bytes`. Windows are cut to the
+/// slot size when planned, so a larger one is a bug in the engine, not bad
+/// input.
+pub(super) fn assert_fits(win: &Window, slot_bytes: usize) {
     assert!(
-        win.read_len as usize <= slot.len(),
+        win.read_len as usize <= slot_bytes,
         "window larger than a slot"
     );
 }

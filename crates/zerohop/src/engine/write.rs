@@ -3,7 +3,7 @@
 use super::write_pipeline::{self, WriteFilter, WriteJob, WriteWorker};
 use super::{Engine, Progress};
 use crate::device::wait_for_buffer_streams;
-use crate::plan::{interleave_files, whole_chunks, windows, TransferPlan};
+use crate::plan::{whole_chunks, windows, TransferPlan};
 use crate::stats::{Direction, TransferStats};
 use crate::storage::{in_memory, sync_dir, IoMode, Origin, SinkFile, WriteMapping, DIRECT_ALIGN};
 use crate::{Error, ErrorKind, Result};
@@ -41,7 +41,6 @@ impl Engine {
             check_parts(f, sink.part_bytes(), slot_bytes)?;
             windows = whole_chunks(windows, i, f.len(), slot_bytes);
         }
-        let windows = interleave_files(windows);
         // A worker sends one part at a time and waits on the server for it:
         // with remote objects one slot each suffices (its copy is done long
         // before the part is sent), so as many parts are in flight as there
@@ -49,11 +48,8 @@ impl Engine {
         // each write.
         let remote = files.iter().any(|f| f.remote().is_some());
         let min_slots = if remote { 1 } else { 2 };
-        let shares = pool.worker_shares(
-            self.device.as_ref(),
-            self.config.io_threads.min(windows.len()),
-            min_slots,
-        );
+        let staging_seconds = pool.allocate(self.device.as_ref())?;
+        let shares = pool.worker_shares(self.config.io_threads.min(windows.len()), min_slots);
         let threads = shares.len();
         let mut workers = Vec::with_capacity(threads);
         for share in shares {
@@ -93,6 +89,7 @@ impl Engine {
             files: files.len(),
             windows: job.windows.len(),
             profile: written.profile,
+            staging_seconds,
             engine_setup_seconds: self.take_setup_seconds(),
             ..Default::default()
         };
