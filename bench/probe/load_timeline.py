@@ -15,7 +15,7 @@ its views, next to variants that change one thing:
 - `one-alloc`: one allocation viewed as every tensor, the engine on the
   calling thread (what the CLI does; the floor for any Python load).
 
-    python3 bench/probe/load_timeline.py /dev/shm/model.safetensors [--runs 5]
+    python3 bench/probe/load_timeline.py /dev/shm/model.safetensors [--runs 5] [--variants load_file,...]
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ def child(path: str, variant: str, warm: bool) -> dict:
         "engine_setup_ms": stats.get("engine_setup_seconds", 0) * 1e3,
         "worker_start_ms": stats.get("profile", {}).get("start_seconds", 0) * 1e3,
         "staging_ms": stats.get("staging_seconds", 0) * 1e3,
+        "staging_wait_ms": stats.get("profile", {}).get("staging_wait_seconds", 0) * 1e3,
         "notes": stats.get("notes", []),
         "engine_gbps": stats.get("gbps"),
     }
@@ -138,7 +139,7 @@ def report(rows: list[dict]) -> None:
             got = [r["ms"][k] for r in mine if k in r["ms"]]
             if got:
                 print(f"    {k:12s} at {statistics.median(got):7.2f} ms (median; min {min(got):.2f})")
-        for k in ("engine_ms", "route_setup_ms", "engine_setup_ms", "worker_start_ms", "staging_ms"):
+        for k in ("engine_ms", "route_setup_ms", "engine_setup_ms", "worker_start_ms", "staging_ms", "staging_wait_ms"):
             print(f"    {k:16s} {statistics.median(r[k] for r in mine):7.2f} ms (median)")
 
 
@@ -147,14 +148,16 @@ def main() -> None:
     ap.add_argument("file")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--warm", action="store_true", help="an untimed tiny load first, as bench/peers.py does")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="of " + ",".join(VARIANTS))
     ap.add_argument("--child", choices=VARIANTS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.file, args.child, args.warm)))
         return
     rows = []
+    variants = [v for v in VARIANTS if v in args.variants.split(",")]
     for run in range(args.runs):
-        for variant in VARIANTS[run % len(VARIANTS):] + VARIANTS[: run % len(VARIANTS)]:
+        for variant in variants[run % len(variants):] + variants[: run % len(variants)]:
             env = dict(os.environ, ZEROHOP_PREPARE="0") if variant == "no-prepare" else None
             out = subprocess.run([sys.executable, __file__, args.file, "--child", variant]
                                  + (["--warm"] if args.warm else []),
@@ -165,7 +168,8 @@ def main() -> None:
             row = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"run {run} {variant:10s} {row['gbps']:6.2f} GB/s  engine {row['engine_ms']:.1f} ms"
                   f" ({row['engine_gbps']:.2f} GB/s) engine setup {row['engine_setup_ms']:.1f} ms,"
-                  f" route setup {row['route_setup_ms']:.1f} ms, staging {row['staging_ms']:.1f} ms  "
+                  f" route setup {row['route_setup_ms']:.1f} ms, staging {row['staging_ms']:.1f} ms"
+                  f" (workers waited {row['staging_wait_ms']:.1f} ms for it, summed)  "
                   + " ".join(f"{k}={v:.1f}" for k, v in row["ms"].items()) + f"  notes {row['notes']}",
                   flush=True)
             rows.append(row)

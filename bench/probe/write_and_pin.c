@@ -10,10 +10,14 @@
 //   sized with ftruncate or with fallocate, and into 16 disk files.
 // Pinning: cuMemHostAlloc of 32 x 4 MiB from one thread, of 2 x 4 MiB from
 // each of 16 threads at once, of one 128 MiB block; cuMemHostRegister of
-// memory already touched.
+// memory already touched. A staging pool's block (128 MiB on huge pages):
+// made present by 8 threads, registered in one call or in pieces of 16
+// MiB (when each piece is ready), and whether host-to-device copies on
+// another thread slow down while it is registered.
 //
 //   gcc -O2 -pthread -o write_and_pin bench/probe/write_and_pin.c -ldl
 //   ./write_and_pin /dev/shm /var/tmp [GIB]
+//   ./write_and_pin --pin-only
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -127,6 +131,14 @@ typedef int (*fn_halloc)(void **, size_t, unsigned);
 typedef int (*fn_hfree)(void *);
 typedef int (*fn_hreg)(void *, size_t, unsigned);
 typedef int (*fn_hunreg)(void *);
+typedef int (*fn_malloc)(unsigned long long *, size_t);
+typedef int (*fn_stream)(void **, unsigned);
+typedef int (*fn_h2d)(unsigned long long, const void *, size_t, void *);
+typedef int (*fn_sync)(void *);
+static fn_malloc cu_malloc;
+static fn_stream cu_stream;
+static fn_h2d cu_h2d;
+static fn_sync cu_sync;
 static fn_set cu_set;
 static fn_halloc cu_halloc;
 static fn_hfree cu_hfree;
@@ -190,7 +202,123 @@ static void pin(const char *label, int threads, int per_thread, size_t len, enum
     for (int i = 0; i < threads; i++) unpin(&jobs[i]);
 }
 
-static int pinning(void) {
+// --- a staging pool's block: populated in parallel, registered whole or in pieces ---
+#define POOL (128UL << 20)
+#define PIECE (16UL << 20)
+
+struct populate_job {
+    uint8_t *at;
+    size_t len;
+};
+
+static void *populater(void *arg) {
+    struct populate_job *p = arg;
+    if (madvise(p->at, p->len, MADV_POPULATE_WRITE)) die("populate");
+    return NULL;
+}
+
+// A fresh 128 MiB mapping on huge pages, made present by 8 threads.
+static uint8_t *pool_block(double *populate_ms) {
+    uint8_t *m = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) die("mmap");
+    madvise(m, POOL, MADV_HUGEPAGE);
+    struct populate_job jobs[8];
+    pthread_t tids[8];
+    double t0 = now();
+    for (int i = 0; i < 8; i++) {
+        jobs[i] = (struct populate_job){m + i * (POOL / 8), POOL / 8};
+        pthread_create(&tids[i], NULL, populater, &jobs[i]);
+    }
+    for (int i = 0; i < 8; i++) pthread_join(tids[i], NULL);
+    *populate_ms = (now() - t0) * 1e3;
+    return m;
+}
+
+// Registers `m` in pieces of `piece`; the time each is ready, from the start.
+static void register_pieces(uint8_t *m, size_t piece, double *ready_ms) {
+    double t0 = now();
+    for (size_t at = 0, k = 0; at < POOL; at += piece, k++) {
+        if (cu_hreg(m + at, piece, 1)) die("cuMemHostRegister");
+        ready_ms[k] = (now() - t0) * 1e3;
+    }
+}
+
+static void unregister_pieces(uint8_t *m, size_t piece) {
+    for (size_t at = 0; at < POOL; at += piece) cu_hunreg(m + at);
+    munmap(m, POOL);
+}
+
+// Copies on another thread: 4 MiB host-to-device copies of one pinned
+// buffer, synchronized every 16, with the time of each synchronization.
+struct copier {
+    volatile int stop;
+    int n;
+    double at[100000];
+};
+
+static void *copy_loop(void *arg) {
+    struct copier *c = arg;
+    cu_set(ctx);
+    void *stream, *src;
+    unsigned long long dst;
+    if (cu_stream(&stream, 1) || cu_halloc(&src, 64UL << 20, 0) || cu_malloc(&dst, 64UL << 20))
+        die("copier setup");
+    while (!c->stop && c->n < 100000) {
+        for (int i = 0; i < 16; i++)
+            if (cu_h2d(dst + (i % 16) * CHUNK, (uint8_t *)src + (i % 16) * CHUNK, CHUNK, stream)) die("copy");
+        if (cu_sync(stream)) die("sync");
+        c->at[c->n++] = now();
+    }
+    cu_hfree(src);
+    return NULL;
+}
+
+// GB/s of the copier's rounds that ended inside [from, to].
+static double copy_rate(struct copier *c, double from, double to) {
+    int first = -1, last = -1;
+    for (int i = 0; i < c->n; i++) {
+        if (c->at[i] >= from && first < 0) first = i;
+        if (c->at[i] <= to) last = i;
+    }
+    if (first < 0 || last <= first) return 0.0;
+    return (last - first) * 16.0 * CHUNK / (c->at[last] - c->at[first]) / 1e9;
+}
+
+static void staging_pool(int round) {
+    double populate_ms, ready[64];
+    uint8_t *m = pool_block(&populate_ms);
+    register_pieces(m, POOL, ready);
+    printf("pool: populate 128 MiB, 8 threads (round %d)  %7.1f ms\n", round, populate_ms);
+    printf("pool: register 128 MiB, one call (round %d)    %7.1f ms\n", round, ready[0]);
+    unregister_pieces(m, POOL);
+    m = pool_block(&populate_ms);
+    register_pieces(m, PIECE, ready);
+    printf("pool: register 8 x 16 MiB (round %d): first %.1f ms, all %.1f ms\n", round, ready[0],
+           ready[POOL / PIECE - 1]);
+    unregister_pieces(m, PIECE);
+    // Copies alone, then while a pool is registered in pieces.
+    static struct copier c;
+    c.stop = 0;
+    c.n = 0;
+    pthread_t tid;
+    pthread_create(&tid, NULL, copy_loop, &c);
+    usleep(60000);
+    m = pool_block(&populate_ms);
+    double t0 = now();
+    register_pieces(m, PIECE, ready);
+    double t1 = now();
+    usleep(40000);
+    c.stop = 1;
+    pthread_join(tid, NULL);
+    printf("pool: copies on another thread (round %d): %.1f GB/s before, %.1f GB/s while registering "
+           "(%.1f ms), %.1f GB/s after\n",
+           round, copy_rate(&c, t0 - 0.04, t0), copy_rate(&c, t0, t1), (t1 - t0) * 1e3,
+           copy_rate(&c, t1, t1 + 0.04));
+    fflush(stdout);
+    unregister_pieces(m, PIECE);
+}
+
+static int pinning(int pool_only) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
     if (!lib) {
         printf("pinning: skipped (no libcuda.so.1)\n");
@@ -204,10 +332,16 @@ static int pinning(void) {
     cu_hfree = (fn_hfree)dlsym(lib, "cuMemFreeHost");
     cu_hreg = (fn_hreg)dlsym(lib, "cuMemHostRegister_v2");
     cu_hunreg = (fn_hunreg)dlsym(lib, "cuMemHostUnregister");
+    cu_malloc = (fn_malloc)dlsym(lib, "cuMemAlloc_v2");
+    cu_stream = (fn_stream)dlsym(lib, "cuStreamCreate");
+    cu_h2d = (fn_h2d)dlsym(lib, "cuMemcpyHtoDAsync_v2");
+    cu_sync = (fn_sync)dlsym(lib, "cuStreamSynchronize");
     int d;
     double t0 = now();
     if (init(0) || dev(&d, 0) || retain(&ctx, d) || cu_set(ctx)) die("CUDA context");
     printf("%-44s %7.1f ms\n", "context (no other user of the GPU)", (now() - t0) * 1e3);
+    for (int round = 0; round < 3; round++) staging_pool(round);
+    if (pool_only) return 0;
     for (int round = 0; round < 2; round++) {
         printf("-- pinning, round %d\n", round);
         static const char *ways[] = {"cuMemHostAlloc", "register", "populate+register",
@@ -234,15 +368,16 @@ static int pinning(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--pin-only") == 0) return pinning(1);
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MEMORY_DIR DISK_DIR\n", argv[0]);
+        fprintf(stderr, "usage: %s MEMORY_DIR DISK_DIR [GIB] | --pin-only\n", argv[0]);
         return 2;
     }
     for (int i = 0; i < THREADS; i++) {
         if (posix_memalign((void **)&src[i], 4096, 2 * CHUNK)) die("alloc");
         for (size_t k = 0; k < 2 * CHUNK; k++) src[i][k] = (uint8_t)(k * 131 + i * 7 + (k >> 12));
     }
-    pinning();
+    pinning(0);
     // A third argument shrinks both sizes (GiB in memory; disk gets half).
     uint64_t mem = (argc > 3 ? strtoull(argv[3], NULL, 10) : 8) << 30, disk = mem / 2;
     printf("-- writes into %s (%lu GiB)\n", argv[1], (unsigned long)(mem >> 30));

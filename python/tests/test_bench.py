@@ -235,3 +235,26 @@ def test_a_wrong_byte_fails_the_matrix(tmp_path, matrix_needs):
     )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "bytes differ" in out.stdout
+
+
+def test_matrix_measures_the_build_before_from_its_own_directory(tmp_path, matrix_needs):
+    """`--before DIR`: the "zerohop-before" rows import zerohop from DIR (here
+    a package that refuses to load, so its rows say so), the "zerohop" rows
+    the installed one; `--tools` leaves out every other tool."""
+    before = tmp_path / "before" / "zerohop"
+    before.mkdir(parents=True)
+    (before / "__init__.py").write_text("raise ImportError('the build before, from its own directory')\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    out = subprocess.run(
+        [sys.executable, str(MATRIX), "--device", "cpu", "--size", "1MiB", "--rounds", "1",
+         "--dir", str(work), "--ops", "save_file", "--shapes", "four",
+         "--before", str(tmp_path / "before"), "--tools", "zerohop,zerohop-before"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "save_file four zerohop round 0: " in out.stdout and "bytes checked" in out.stdout, out.stdout
+    assert "zerohop-before round 0: ERROR ImportError: the build before, from its own directory" in out.stdout, \
+        out.stdout
+    for other in ("safetensors", "torch.save", "raw-"):
+        assert f"save_file four {other}" not in out.stdout, out.stdout

@@ -142,35 +142,7 @@ impl PinnedBuffer {
     pub fn new(ctx: &Arc<Context>, len: usize) -> Result<Self> {
         ctx.bind()?;
         let mapped = len.max(1).next_multiple_of(page_size());
-        // SAFETY: a fresh anonymous mapping at an address the kernel picks:
-        // no existing memory is touched.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(host_memory_error(mapped));
-        }
-        // Huge pages where the kernel has them for the asking (fewer pages
-        // to fault in and pin: 128 MiB in 27 - 33 ms instead of 45 - 62),
-        // made present before they are registered, in one system call.
-        // Both are advice: a kernel without them (before 5.14 for the
-        // second) leaves the driver to fault in small pages itself. Not
-        // inherited by a forked child, as the driver's own allocations are
-        // not: the kernel would otherwise copy every pinned page into each
-        // child at the fork (a subprocess, a data loader's worker).
-        // SAFETY: advice on the mapping just made, which nothing else uses.
-        unsafe {
-            libc::madvise(ptr, mapped, libc::MADV_HUGEPAGE);
-            libc::madvise(ptr, mapped, libc::MADV_DONTFORK);
-        }
-        populate(ptr.cast(), mapped);
+        let ptr = map_populated(mapped)?.cast::<libc::c_void>();
         // SAFETY: the range is mapped until `Drop` unregisters it first.
         let registered = check(
             unsafe { sys::cuMemHostRegister_v2(ptr, mapped, sys::CU_MEMHOSTREGISTER_PORTABLE) },
@@ -222,6 +194,40 @@ impl Drop for PinnedBuffer {
     }
 }
 
+/// A fresh anonymous mapping of `mapped` bytes (a whole number of pages)
+/// for pinned memory: on huge pages where the kernel has them for the
+/// asking (fewer pages to fault in and pin: 128 MiB in 27 - 33 ms instead
+/// of 45 - 62), made present before it is registered. Both are advice: a
+/// kernel without them (before 5.14 for the second) leaves the driver to
+/// fault in small pages itself. Not inherited by a forked child, as the
+/// driver's own allocations are not: the kernel would otherwise copy every
+/// pinned page into each child at the fork (a subprocess, a data loader's
+/// worker).
+pub(crate) fn map_populated(mapped: usize) -> Result<*mut u8> {
+    // SAFETY: a fresh anonymous mapping at an address the kernel picks:
+    // no existing memory is touched.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            mapped,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(host_memory_error(mapped));
+    }
+    // SAFETY: advice on the mapping just made, which nothing else uses.
+    unsafe {
+        libc::madvise(ptr, mapped, libc::MADV_HUGEPAGE);
+        libc::madvise(ptr, mapped, libc::MADV_DONTFORK);
+    }
+    populate(ptr.cast(), mapped);
+    Ok(ptr.cast())
+}
+
 /// Makes the pages of `ptr..ptr+len`, a fresh private mapping, present
 /// (`MADV_POPULATE_WRITE`), several pieces at once: the kernel zeroes each
 /// page as it provides it, which for a staging pool of 128 MiB is several
@@ -262,7 +268,7 @@ fn populate(ptr: *mut u8, len: usize) {
     });
 }
 
-fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf reads a constant of the system.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(page).unwrap_or(4096).max(4096)

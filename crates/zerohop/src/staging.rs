@@ -5,7 +5,6 @@
 use crate::device::{Device, StagingMemory};
 use crate::storage::DIRECT_ALIGN;
 use crate::{Error, Result};
-use std::marker::PhantomData;
 use std::time::Instant;
 
 /// Size of the staging pool.
@@ -65,11 +64,14 @@ impl StagingConfig {
     }
 }
 
-/// The slots, one after another in one block, allocated when the first
-/// transfer needs them (or when asked: [`StagingPool::allocate`]) and kept
-/// from then on. One block because pinning costs the driver about 0.8 ms a
-/// call whatever the size, and it serializes calls: on the H200 machine
-/// 32 registrations of 4 MiB took 27 - 33 ms, one of 128 MiB 7 ms.
+/// The slots, in one block of host memory allocated when the first transfer
+/// needs them (or when asked: [`StagingPool::allocate`]) and kept from then
+/// on. One block, because pinning costs the driver about 0.8 ms a call
+/// whatever the size and it serializes calls (on the H200 machine 32
+/// registrations of 4 MiB took 27 - 33 ms); a device may pin it in pieces
+/// after handing it out ([`Device::alloc_staging_pool`]), so the block is
+/// laid out for that: the first slot of every worker first, then their
+/// second slots, and so on (see [`StagingPool::worker_shares`]).
 pub struct StagingPool {
     config: StagingConfig,
     block: Option<Box<dyn StagingMemory>>,
@@ -95,14 +97,15 @@ impl StagingPool {
     }
 
     /// Allocates the slots' block unless it is already; returns the seconds
-    /// that took (0 when it was already allocated).
+    /// that took (0 when it was already allocated). The device may still be
+    /// pinning it on return: each slot is waited for before its first copy.
     pub fn allocate(&mut self, device: &dyn Device) -> Result<f64> {
         if self.block.is_some() {
             return Ok(0.0);
         }
         let t = Instant::now();
         let bytes = self.config.slot_count() * self.config.slot_bytes;
-        let block = device.alloc_staging(bytes)?;
+        let block = device.alloc_staging_pool(bytes)?;
         if block.len() < bytes {
             return Err(Error::new(
                 crate::ErrorKind::Device,
@@ -118,7 +121,10 @@ impl StagingPool {
 
     /// Splits the slots among at most `workers` workers (at least one),
     /// each getting at least `min_slots` (two let a worker read one while
-    /// another copies) where there are enough. The pool must have been
+    /// another copies) where there are enough. Worker `w` of `n` has the
+    /// pool's slots `w`, `n + w`, `2n + w`, ...: the workers' first slots
+    /// come first in the block, so a pool pinned from its start lets every
+    /// worker begin before the last slot is pinned. The pool must have been
     /// allocated ([`StagingPool::allocate`]).
     pub(crate) fn worker_shares(
         &mut self,
@@ -129,36 +135,41 @@ impl StagingPool {
         let slot_bytes = self.config.slot_bytes;
         let n = workers.min(slots / min_slots.max(1)).max(1);
         let per_worker = slots / n;
-        let base = self
+        let block = self
             .block
             .as_mut()
-            .expect("the staging pool is allocated before it is shared")
-            .as_mut_ptr();
+            .expect("the staging pool is allocated before it is shared");
+        let base = block.as_mut_ptr();
+        let block: &dyn StagingMemory = &**block;
         (0..n)
             .map(|w| StagingShare {
-                // SAFETY: `n * per_worker <= slots`, so every share lies
-                // inside the block, which holds `slots * slot_bytes` bytes.
-                first: unsafe { base.add(w * per_worker * slot_bytes) },
+                base,
+                block,
+                first: w,
+                stride: n,
                 count: per_worker,
                 slot_bytes,
-                _pool: PhantomData,
             })
             .collect()
     }
 }
 
-/// One worker's slots: consecutive slots of the pool's block, which no
-/// other share overlaps. The pool stays borrowed mutably while any share
-/// lives, so the block outlives it and nobody else hands its slots out.
+/// One worker's slots: every `stride`-th slot of the pool's block from slot
+/// `first`, which no other share of the same split reaches. The pool stays
+/// borrowed mutably while any share lives, so the block outlives it and
+/// nobody else hands its slots out.
 pub(crate) struct StagingShare<'p> {
-    first: *mut u8,
+    base: *mut u8,
+    block: &'p dyn StagingMemory,
+    first: usize,
+    stride: usize,
     count: usize,
     slot_bytes: usize,
-    _pool: PhantomData<&'p mut [u8]>,
 }
 
 // SAFETY: a share is the only way to its slots' memory while it lives (see
-// above), as a `&mut [u8]` would be, and that can be sent to another thread.
+// above), as a `&mut [u8]` would be, and that can be sent to another thread;
+// `block` is `Sync`.
 unsafe impl Send for StagingShare<'_> {}
 
 impl StagingShare<'_> {
@@ -172,13 +183,25 @@ impl StagingShare<'_> {
         self.slot_bytes
     }
 
-    /// The first byte of slot `i`, the start of `slot_bytes` bytes that
-    /// only this share reaches.
-    pub fn ptr(&self, i: usize) -> *mut u8 {
+    /// Offset of slot `i` in the pool's block.
+    fn offset(&self, i: usize) -> usize {
         assert!(i < self.count, "slot {i} of a share of {}", self.count);
-        // SAFETY: slot `i` lies inside this share (checked above), which
-        // lies inside the pool's block.
-        unsafe { self.first.add(i * self.slot_bytes) }
+        (i * self.stride + self.first) * self.slot_bytes
+    }
+
+    /// The first byte of slot `i`, the start of `slot_bytes` bytes that
+    /// only this share reaches. The CPU may use them at once; copies only
+    /// after [`StagingShare::wait_ready`].
+    pub fn ptr(&self, i: usize) -> *mut u8 {
+        // SAFETY: `i * stride + first < count * stride <= slot_count`, so
+        // the slot lies inside the block.
+        unsafe { self.base.add(self.offset(i)) }
+    }
+
+    /// Blocks until slot `i` may take asynchronous copies (the device may
+    /// still be pinning the block); immediate once it is.
+    pub fn wait_ready(&self, i: usize) -> Result<()> {
+        self.block.wait_ready(self.offset(i), self.slot_bytes)
     }
 }
 
@@ -188,7 +211,7 @@ mod tests {
     use crate::device::HostDevice;
 
     /// The block is allocated once, on request, and split into disjoint
-    /// shares of whole slots.
+    /// shares of whole slots, the workers' first slots first.
     #[test]
     fn one_block_split_into_disjoint_shares() {
         let device = HostDevice::new();
@@ -208,14 +231,17 @@ mod tests {
         let shares = pool.worker_shares(3, 2);
         assert_eq!(shares.len(), 3);
         assert!(shares.iter().all(|s| s.count() == 2));
-        let mut starts: Vec<usize> = shares
+        let base = shares[0].ptr(0) as usize;
+        let mut offsets: Vec<usize> = shares
             .iter()
-            .flat_map(|s| (0..s.count()).map(|i| s.ptr(i) as usize))
+            .flat_map(|s| (0..s.count()).map(|i| s.ptr(i) as usize - base))
             .collect();
-        starts.sort_unstable();
-        starts.dedup();
-        assert_eq!(starts.len(), 6, "no slot is handed out twice");
-        assert!(starts.windows(2).all(|w| w[1] - w[0] >= 1 << 12));
+        // The workers' first slots, then their second ones.
+        assert_eq!(offsets, [0, 3, 1, 4, 2, 5].map(|k| k << 12));
+        offsets.sort_unstable();
+        offsets.dedup();
+        assert_eq!(offsets.len(), 6, "no slot is handed out twice");
+        assert!(shares.iter().all(|s| s.wait_ready(1).is_ok()));
         drop(shares);
         assert_eq!(
             pool.worker_shares(100, 2).len(),

@@ -64,10 +64,12 @@ pub struct TransferStats {
     /// bytes started (waiting for the caller's streams, routes, residency
     /// checks, a hot-route measurement where one ran).
     pub setup_seconds: f64,
-    /// Allocating (pinning, on a GPU) the engine's staging pool before the
-    /// workers started: the engine's first transfer, unless the pool was
-    /// allocated earlier (`Engine::allocate_staging`, Python's `prepare`);
-    /// 0 after.
+    /// Allocating the engine's staging pool before the workers started
+    /// (mapping its memory and making it present; on a GPU it is then
+    /// pinned in pieces while the workers run, see
+    /// `profile.staging_wait_seconds`): the engine's first transfer,
+    /// unless the pool was allocated earlier (`Engine::allocate_staging`,
+    /// Python's `prepare`); 0 after.
     pub staging_seconds: f64,
     /// The engine's own setup (its copy queues, a remembered hot route),
     /// reported by the engine's first transfer and 0 after: part of the
@@ -88,6 +90,9 @@ pub struct WorkerProfile {
     pub io_seconds: f64,
     /// Pinning page-cache windows for the DMA route.
     pub pin_seconds: f64,
+    /// Waiting for staging slots the pool was still pinning: a new
+    /// engine's first transfers.
+    pub staging_wait_seconds: f64,
     /// Looking at the bytes in the slots: checksums of checkpoints.
     pub check_seconds: f64,
     /// Queueing copies and recording their fences.
@@ -105,6 +110,7 @@ impl WorkerProfile {
         self.worker_seconds += o.worker_seconds;
         self.io_seconds += o.io_seconds;
         self.pin_seconds += o.pin_seconds;
+        self.staging_wait_seconds += o.staging_wait_seconds;
         self.check_seconds += o.check_seconds;
         self.queue_seconds += o.queue_seconds;
         self.copy_wait_seconds += o.copy_wait_seconds;
@@ -121,9 +127,10 @@ impl WorkerProfile {
             }
         };
         format!(
-            "workers' time: file I/O {:.0}%, pin {:.0}%, checksums {:.0}%, queue copies {:.0}%, wait for copies {:.0}%",
+            "workers' time: file I/O {:.0}%, pin {:.0}%, wait for staging {:.0}%, checksums {:.0}%, queue copies {:.0}%, wait for copies {:.0}%",
             share(self.io_seconds),
             share(self.pin_seconds),
+            share(self.staging_wait_seconds),
             share(self.check_seconds),
             share(self.queue_seconds),
             share(self.copy_wait_seconds)

@@ -6,7 +6,7 @@ use crate::{Error, Result};
 use std::sync::{Arc, Mutex, OnceLock};
 use zerohop_cuda::{
     Context, CudaError, DeviceAllocation, DeviceRange, Driver, Event, HostRegistration,
-    PinnedBuffer, Reservation, Stream, Xxh3Kernel, XXH3_KERNEL_MIN_BYTES,
+    PinnedBuffer, PinnedPieces, Reservation, Stream, Xxh3Kernel, XXH3_KERNEL_MIN_BYTES,
 };
 
 /// The driver's CUDA version ("13.0") and the number of GPUs; an error
@@ -80,6 +80,14 @@ impl Device for CudaDevice {
 
     fn alloc_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
         Ok(Box::new(PinnedStaging(PinnedBuffer::new(&self.ctx, len)?)))
+    }
+
+    fn alloc_staging_pool(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
+        Ok(Box::new(PinnedPool(PinnedPieces::new(
+            &self.ctx,
+            len,
+            STAGING_PIN_PIECE,
+        )?)))
     }
 
     fn new_queue(&self) -> Result<Box<dyn CopyQueue>> {
@@ -224,6 +232,24 @@ impl DeviceChecksums for CudaDevice {
             sums.push(twox_hash::XxHash3_64::oneshot(&bytes));
         }
         Ok(sums)
+    }
+}
+
+/// Bytes a staging pool's pinner registers at a time: four 4 MiB slots,
+/// the first slots of four workers (see `StagingPool::worker_shares`).
+const STAGING_PIN_PIECE: usize = 16 << 20;
+
+struct PinnedPool(PinnedPieces);
+
+impl StagingMemory for PinnedPool {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn wait_ready(&self, offset: usize, len: usize) -> Result<()> {
+        Ok(self.0.wait_pinned(offset, len)?)
     }
 }
 

@@ -59,6 +59,14 @@ pub trait StagingMemory: Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Blocks until `offset..offset+len` may take asynchronous copies: the
+    /// memory of [`Device::alloc_staging_pool`] may still be being pinned
+    /// when it is handed out. The CPU may read and write it before.
+    fn wait_ready(&self, offset: usize, len: usize) -> Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
 }
 
 /// A completion marker for copies queued before it.
@@ -105,8 +113,16 @@ pub trait Device: Send + Sync {
     /// Allocates device memory.
     fn alloc(&self, len: usize) -> Result<DeviceBuffer>;
 
-    /// Allocates host memory for staging, once per pool.
+    /// Allocates host memory for staging, ready for copies on return.
     fn alloc_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>>;
+
+    /// Allocates a staging pool's memory: as [`Device::alloc_staging`], but
+    /// a device may go on pinning it after this returns (see
+    /// [`StagingMemory::wait_ready`]), so that a transfer's first copies
+    /// wait for their own slots, not for the whole pool.
+    fn alloc_staging_pool(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
+        self.alloc_staging(len)
+    }
 
     fn new_queue(&self) -> Result<Box<dyn CopyQueue>>;
 

@@ -113,10 +113,11 @@ impl Engine {
         })
     }
 
-    /// Allocates (pins) the staging pool now, where the first transfer
-    /// would: for callers with time to spare before their first transfer.
-    /// The engine's setup is then not on any transfer's path, and no
-    /// transfer's stats count it.
+    /// Allocates the staging pool now, where the first transfer would, and
+    /// starts pinning it (which goes on in the background where the device
+    /// pins in pieces): for callers with time to spare before their first
+    /// transfer. The engine's setup is then not on any transfer's path, and
+    /// no transfer's stats count it.
     pub fn allocate_staging(&self) -> Result<()> {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         pool.allocate(self.device.as_ref())?;

@@ -367,6 +367,15 @@ fn stage(
             return Err(e);
         }
     };
+    // The pool may still be pinning the slot (a new engine's first
+    // transfer): the CPU could fill it before, a copy only after.
+    let t = Instant::now();
+    let ready = w.slots.wait_ready(slot);
+    moved.profile.staging_wait_seconds += t.elapsed().as_secs_f64();
+    if let Err(e) = ready {
+        free.push(slot);
+        return Err(e);
+    }
     let base = w.slots.ptr(slot);
     // SAFETY: the slot holds `win.needed` freshly read bytes, and it stays
     // untouched until the fence below has been waited for (it is on

@@ -193,6 +193,11 @@ fn queue_window(
     profile: &mut WorkerProfile,
 ) -> Result<Box<dyn Fence>> {
     assert_fits(win, w.slots.slot_bytes());
+    // The pool may still be pinning the slot (a new engine's first
+    // transfer).
+    let t = Instant::now();
+    w.slots.wait_ready(slot)?;
+    profile.staging_wait_seconds += t.elapsed().as_secs_f64();
     let t = Instant::now();
     let base = w.slots.ptr(slot);
     for c in &win.copies {

@@ -60,10 +60,27 @@ enum Region {
 struct Registry {
     /// start address -> (length, what it is)
     ranges: BTreeMap<u64, (u64, Region)>,
+    /// Staging pools (`alloc_staging_pool`), by start address: how many of
+    /// their bytes from the start are "pinned", each range as it is waited
+    /// for, as a GPU's pool is pinned in pieces after it is handed out.
+    pool_ready: BTreeMap<u64, u64>,
     device_bytes: u64,
 }
 
 impl Registry {
+    /// Whether `addr..addr+len`, staging memory, may take copies: outside
+    /// the pools always, inside one once it was waited for.
+    fn ready(&self, addr: u64, len: u64) -> bool {
+        match self.pool_ready.range(..=addr).next_back() {
+            Some((&start, &ready))
+                if self.contains(start, addr + len - start, &[Region::Staging]) =>
+            {
+                addr + len <= start + ready
+            }
+            _ => true,
+        }
+    }
+
     fn contains(&self, addr: u64, len: u64, wanted: &[Region]) -> bool {
         match self.ranges.range(..=addr).next_back() {
             Some((&start, &(rlen, kind))) => {
@@ -209,6 +226,36 @@ impl StagingMemory for HostAlloc {
     }
 }
 
+/// A staging pool: a copy from or into any of it that was not waited for
+/// first fails, as one from memory a GPU has not pinned yet would run as
+/// a slow synchronous copy (or, into it, not at all).
+struct StagingPoolAlloc(HostAlloc);
+
+impl StagingMemory for StagingPoolAlloc {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.0.mem.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.mem.len()
+    }
+    fn wait_ready(&self, offset: usize, len: usize) -> Result<()> {
+        let mut reg = self.0.registry.lock().unwrap();
+        let ready = reg
+            .pool_ready
+            .get_mut(&self.0.mem.addr())
+            .expect("registered while the pool lives");
+        *ready = (*ready).max((offset + len) as u64);
+        Ok(())
+    }
+}
+
+impl Drop for StagingPoolAlloc {
+    fn drop(&mut self) {
+        let mut reg = self.0.registry.lock().unwrap();
+        reg.pool_ready.remove(&self.0.mem.addr());
+    }
+}
+
 /// A caller's host range known to the registry (pinned, or borrowed as
 /// device memory) until dropped.
 struct RegisteredRange {
@@ -243,6 +290,16 @@ impl Device for SimDevice {
 
     fn alloc_staging(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
         Ok(Box::new(self.alloc_region(len, Region::Staging)?))
+    }
+
+    fn alloc_staging_pool(&self, len: usize) -> Result<Box<dyn StagingMemory>> {
+        let alloc = self.alloc_region(len, Region::Staging)?;
+        self.registry
+            .lock()
+            .unwrap()
+            .pool_ready
+            .insert(alloc.mem.addr(), 0);
+        Ok(Box::new(StagingPoolAlloc(alloc)))
     }
 
     fn new_queue(&self) -> Result<Box<dyn CopyQueue>> {
@@ -570,6 +627,10 @@ fn copy_worker(
                         failure = Some(format!(
                             "copy of {len} bytes at {host_side:#x} is outside staging or pinned memory"
                         ));
+                    } else if !reg.ready(host_side, len) {
+                        failure = Some(format!(
+                            "copy of {len} bytes at {host_side:#x}: staging not waited for (not yet pinned)"
+                        ));
                     } else {
                         // SAFETY: both ranges lie in live registered allocations
                         // (checked under the lock that every free takes), and a
@@ -596,6 +657,27 @@ fn copy_worker(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pool's staging takes copies only where it was waited for, as a
+    /// pool a GPU still pins would.
+    #[test]
+    fn a_pool_takes_copies_only_where_waited_for() {
+        let dev = SimDevice::new(SimConfig::default());
+        let buf = dev.alloc(8192).unwrap();
+        let copy = |pool: &mut Box<dyn StagingMemory>, offset: usize| {
+            let q = dev.new_queue().unwrap();
+            // SAFETY: both ranges are live and untouched until the fence.
+            unsafe { q.copy_to_device(pool.as_mut_ptr().add(offset), buf.addr(), 4096) }.unwrap();
+            q.record().unwrap().wait()
+        };
+        let mut pool = dev.alloc_staging_pool(8192).unwrap();
+        let refused = copy(&mut pool, 4096).unwrap_err();
+        assert!(refused.to_string().contains("not waited for"), "{refused}");
+        pool.wait_ready(0, 8192).unwrap();
+        copy(&mut pool, 4096).unwrap();
+        let mut plain = dev.alloc_staging(8192).unwrap();
+        copy(&mut plain, 0).unwrap();
+    }
 
     #[test]
     fn a_seed_gives_each_queue_its_own_delays_and_the_same_ones_again() {
