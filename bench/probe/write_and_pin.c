@@ -208,31 +208,35 @@ static void pin(const char *label, int threads, int per_thread, size_t len, enum
 
 struct populate_job {
     uint8_t *at;
-    size_t len;
+    size_t len, call;
 };
 
 static void *populater(void *arg) {
     struct populate_job *p = arg;
-    if (madvise(p->at, p->len, MADV_POPULATE_WRITE)) die("populate");
+    for (size_t at = 0; at < p->len; at += p->call)
+        if (madvise(p->at + at, p->call, MADV_POPULATE_WRITE)) die("populate");
     return NULL;
 }
 
-// A fresh 128 MiB mapping on huge pages, made present by 8 threads.
-static uint8_t *pool_block(double *populate_ms) {
+// A fresh 128 MiB mapping (on huge pages, or small ones), made present by 8
+// threads, `call` bytes per madvise.
+static uint8_t *pool_pages(double *populate_ms, int huge, size_t call) {
     uint8_t *m = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) die("mmap");
-    madvise(m, POOL, MADV_HUGEPAGE);
+    madvise(m, POOL, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     struct populate_job jobs[8];
     pthread_t tids[8];
     double t0 = now();
     for (int i = 0; i < 8; i++) {
-        jobs[i] = (struct populate_job){m + i * (POOL / 8), POOL / 8};
+        jobs[i] = (struct populate_job){m + i * (POOL / 8), POOL / 8, call};
         pthread_create(&tids[i], NULL, populater, &jobs[i]);
     }
     for (int i = 0; i < 8; i++) pthread_join(tids[i], NULL);
     *populate_ms = (now() - t0) * 1e3;
     return m;
 }
+
+static uint8_t *pool_block(double *populate_ms) { return pool_pages(populate_ms, 1, POOL / 8); }
 
 // Registers `m` in pieces of `piece`; the time each is ready, from the start.
 static void register_pieces(uint8_t *m, size_t piece, double *ready_ms) {
@@ -290,6 +294,14 @@ static void staging_pool(int round) {
     register_pieces(m, POOL, ready);
     printf("pool: populate 128 MiB, 8 threads (round %d)  %7.1f ms\n", round, populate_ms);
     printf("pool: register 128 MiB, one call (round %d)    %7.1f ms\n", round, ready[0]);
+    unregister_pieces(m, POOL);
+    m = pool_pages(&populate_ms, 1, 2UL << 20);
+    printf("pool: populate 128 MiB in 2 MiB calls, 8 threads (round %d)  %7.1f ms\n", round, populate_ms);
+    munmap(m, POOL);
+    m = pool_pages(&populate_ms, 0, POOL / 8);
+    register_pieces(m, POOL, ready);
+    printf("pool: small pages: populate 128 MiB, 8 threads %.1f ms, register %.1f ms (round %d)\n",
+           populate_ms, ready[0], round);
     unregister_pieces(m, POOL);
     m = pool_block(&populate_ms);
     register_pieces(m, PIECE, ready);

@@ -195,15 +195,20 @@ impl Drop for PinnedBuffer {
 }
 
 /// A fresh anonymous mapping of `mapped` bytes (a whole number of pages)
-/// for pinned memory: on huge pages where the kernel has them for the
-/// asking (fewer pages to fault in and pin: 128 MiB in 27 - 33 ms instead
-/// of 45 - 62), made present before it is registered. Both are advice: a
-/// kernel without them (before 5.14 for the second) leaves the driver to
-/// fault in small pages itself. Not inherited by a forked child, as the
-/// driver's own allocations are not: the kernel would otherwise copy every
-/// pinned page into each child at the fork (a subprocess, a data loader's
-/// worker).
+/// for pinned memory, made present ([`populate`]) before it is registered.
 pub(crate) fn map_populated(mapped: usize) -> Result<*mut u8> {
+    let ptr = map_anonymous(mapped)?;
+    populate(ptr, mapped);
+    Ok(ptr)
+}
+
+/// A fresh anonymous mapping of `mapped` bytes (a whole number of pages)
+/// for pinned memory, on huge pages where the kernel has them for the
+/// asking (fewer pages to fault in and pin: 128 MiB in 27 - 33 ms instead
+/// of 45 - 62). Not inherited by a forked child, as the driver's own
+/// allocations are not: the kernel would otherwise copy every pinned page
+/// into each child at the fork (a subprocess, a data loader's worker).
+pub(crate) fn map_anonymous(mapped: usize) -> Result<*mut u8> {
     // SAFETY: a fresh anonymous mapping at an address the kernel picks:
     // no existing memory is touched.
     let ptr = unsafe {
@@ -224,47 +229,60 @@ pub(crate) fn map_populated(mapped: usize) -> Result<*mut u8> {
         libc::madvise(ptr, mapped, libc::MADV_HUGEPAGE);
         libc::madvise(ptr, mapped, libc::MADV_DONTFORK);
     }
-    populate(ptr.cast(), mapped);
     Ok(ptr.cast())
 }
 
-/// Makes the pages of `ptr..ptr+len`, a fresh private mapping, present
-/// (`MADV_POPULATE_WRITE`), several pieces at once: the kernel zeroes each
-/// page as it provides it, which for a staging pool of 128 MiB is several
-/// milliseconds of one CPU. Advice only: where it is refused (kernels before
-/// 5.14), the driver faults the pages in as it registers them.
-fn populate(ptr: *mut u8, len: usize) {
-    const PIECE: usize = 16 << 20;
-    let pieces = len.div_ceil(PIECE);
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(pieces)
-        .min(16);
-    let per_thread = pieces.div_ceil(threads.max(1)) * PIECE;
-    // Addresses cross threads as integers: each thread advises its own
-    // disjoint piece of a mapping that outlives the scope.
-    let start = ptr as usize;
-    let advise = |from: usize| {
-        let n = per_thread.min(len - from);
-        // SAFETY: advice on `from..from+n`, inside the caller's fresh
-        // mapping; it changes no byte a program has written.
-        unsafe {
-            libc::madvise(
-                (start + from) as *mut libc::c_void,
-                n,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
+/// Bytes made present by one call of [`populate_chunk`]: a huge page. The
+/// call holds the process's memory-map lock as a reader, which another
+/// thread's `mmap` (a framework allocating device memory, say) waits for:
+/// one large call held it for the whole populating of a staging pool.
+pub(crate) const POPULATE_CHUNK: usize = 2 << 20;
+
+/// Makes chunk `c` (of [`POPULATE_CHUNK`] bytes; the last may be shorter)
+/// of the fresh private mapping `start..start+len` present
+/// (`MADV_POPULATE_WRITE`): the kernel zeroes each page as it provides it.
+/// Advice only: where it is refused (kernels before 5.14), the driver
+/// faults the pages in as it registers them.
+pub(crate) fn populate_chunk(start: usize, len: usize, c: usize) {
+    let from = c * POPULATE_CHUNK;
+    let n = POPULATE_CHUNK.min(len - from);
+    // SAFETY: advice on `from..from+n`, inside the caller's fresh mapping;
+    // it changes no byte a program has written.
+    unsafe {
+        libc::madvise(
+            (start + from) as *mut libc::c_void,
+            n,
+            libc::MADV_POPULATE_WRITE,
+        )
     };
-    if threads <= 1 {
-        advise(0);
-        return;
-    }
-    std::thread::scope(|scope| {
-        for from in (per_thread..len).step_by(per_thread) {
-            scope.spawn(move || advise(from));
+}
+
+/// Threads that make a mapping present together: the kernel zeroing pages
+/// for one thread made a 128 MiB pool wait tens of milliseconds.
+pub(crate) fn populate_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
+/// Makes the pages of `ptr..ptr+len`, a fresh private mapping, present,
+/// chunk by chunk, on [`populate_threads`] threads.
+fn populate(ptr: *mut u8, len: usize) {
+    let chunks = len.div_ceil(POPULATE_CHUNK);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    // Addresses cross threads as integers: each chunk is advised once, and
+    // the mapping outlives the scope.
+    let start = ptr as usize;
+    let work = || loop {
+        let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if c >= chunks {
+            break;
         }
-        advise(0);
+        populate_chunk(start, len, c);
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..populate_threads().min(chunks) {
+            scope.spawn(work);
+        }
+        work();
     });
 }
 

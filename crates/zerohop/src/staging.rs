@@ -173,11 +173,6 @@ pub(crate) struct StagingShare<'p> {
 unsafe impl Send for StagingShare<'_> {}
 
 impl StagingShare<'_> {
-    /// Slots in this share.
-    pub fn count(&self) -> usize {
-        self.count
-    }
-
     /// Bytes per slot.
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
@@ -202,6 +197,25 @@ impl StagingShare<'_> {
     /// still be pinning the block); immediate once it is.
     pub fn wait_ready(&self, i: usize) -> Result<()> {
         self.block.wait_ready(self.offset(i), self.slot_bytes)
+    }
+
+    /// Every slot of the share, as a list of free slots that
+    /// [`StagingShare::take`] hands out first slot first.
+    pub fn all_free(&self) -> Vec<usize> {
+        (0..self.count).rev().collect()
+    }
+
+    /// Takes a slot off `free` (`None` where it is empty): the last one
+    /// the pool has pinned already where there is one (true), else the
+    /// last one.
+    pub fn take(&self, free: &mut Vec<usize>) -> Option<(usize, bool)> {
+        let pinned = free
+            .iter()
+            .rposition(|&s| self.block.is_ready(self.offset(s), self.slot_bytes));
+        match pinned {
+            Some(k) => Some((free.remove(k), true)),
+            None => free.pop().map(|s| (s, false)),
+        }
     }
 }
 
@@ -230,11 +244,11 @@ mod tests {
         );
         let shares = pool.worker_shares(3, 2);
         assert_eq!(shares.len(), 3);
-        assert!(shares.iter().all(|s| s.count() == 2));
+        assert!(shares.iter().all(|s| s.all_free() == [1, 0]));
         let base = shares[0].ptr(0) as usize;
         let mut offsets: Vec<usize> = shares
             .iter()
-            .flat_map(|s| (0..s.count()).map(|i| s.ptr(i) as usize - base))
+            .flat_map(|s| (0..2).map(|i| s.ptr(i) as usize - base))
             .collect();
         // The workers' first slots, then their second ones.
         assert_eq!(offsets, [0, 3, 1, 4, 2, 5].map(|k| k << 12));

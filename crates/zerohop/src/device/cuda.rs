@@ -251,6 +251,9 @@ impl StagingMemory for PinnedPool {
     fn wait_ready(&self, offset: usize, len: usize) -> Result<()> {
         Ok(self.0.wait_pinned(offset, len)?)
     }
+    fn is_ready(&self, offset: usize, len: usize) -> bool {
+        self.0.is_pinned(offset, len)
+    }
 }
 
 struct PinnedStaging(PinnedBuffer);

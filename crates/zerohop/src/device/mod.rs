@@ -67,6 +67,13 @@ pub trait StagingMemory: Send + Sync {
         let _ = (offset, len);
         Ok(())
     }
+
+    /// Whether `offset..offset+len` may take asynchronous copies now,
+    /// without waiting (see [`StagingMemory::wait_ready`]).
+    fn is_ready(&self, offset: usize, len: usize) -> bool {
+        let _ = (offset, len);
+        true
+    }
 }
 
 /// A completion marker for copies queued before it.

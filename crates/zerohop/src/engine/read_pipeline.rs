@@ -128,7 +128,7 @@ fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
         reader: None,
         stream: None,
     };
-    let mut free: Vec<usize> = (0..w.slots.count()).collect();
+    let mut free = w.slots.all_free();
     let mut pending: VecDeque<(Box<dyn Fence>, Held)> = VecDeque::new();
     let mut moved = Moved::default();
     let started = Instant::now();
@@ -338,10 +338,17 @@ fn stage(
     win: &Window,
 ) -> Result<()> {
     let file = &job.files[win.file];
-    while free.is_empty() {
+    // A free slot the pool is still pinning is taken only when no copy is
+    // in flight: the oldest copy frees a pinned one sooner.
+    let slot = loop {
+        if let Some((slot, pinned)) = w.slots.take(free) {
+            if pinned || pending.is_empty() {
+                break slot;
+            }
+            free.push(slot);
+        }
         wait_oldest(pending, free, &mut moved.profile)?;
-    }
-    let slot = free.pop().expect("a slot is free");
+    };
     let t = Instant::now();
     let read = match fill {
         Fill::Read(mode) => read_window(w, slot, job.backend, file, mode, win).map(Some),

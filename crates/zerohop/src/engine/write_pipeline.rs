@@ -143,24 +143,32 @@ fn work(
 ) -> Result<Written> {
     let started = Instant::now();
     let mut out = Written::default();
-    let mut free: Vec<usize> = (0..w.slots.count()).collect();
+    let mut free = w.slots.all_free();
     let mut pending: VecDeque<InFlight> = VecDeque::new();
     let mut result = Ok(());
     let mut at = k;
     while result.is_ok() && !abort.load(Ordering::Relaxed) {
         let Some(i) = claims.next(&mut at) else { break };
         let win = &job.windows[i];
-        if free.is_empty() {
+        // A free slot the pool is still pinning is taken only when no
+        // window is in flight: finishing the oldest frees a pinned one.
+        let slot = loop {
+            if let Some((slot, pinned)) = w.slots.take(&mut free) {
+                if pinned || pending.is_empty() {
+                    break Some(slot);
+                }
+                free.push(slot);
+            }
             let oldest = pending
                 .pop_front()
                 .expect("no free slot means one in flight");
             result = finish(job, &mut w, &oldest, &mut out);
             free.push(oldest.slot);
             if result.is_err() {
-                break;
+                break None;
             }
-        }
-        let slot = free.pop().expect("a slot is free");
+        };
+        let Some(slot) = slot else { break };
         result = queue_window(&mut w, slot, win, &mut out.profile).map(|fence| {
             pending.push_back(InFlight {
                 fence,

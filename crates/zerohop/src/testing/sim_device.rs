@@ -247,6 +247,20 @@ impl StagingMemory for StagingPoolAlloc {
         *ready = (*ready).max((offset + len) as u64);
         Ok(())
     }
+    /// False the first time a range beyond what is pinned is asked about:
+    /// asking lets the simulated pinning catch up to it, so pipelines meet
+    /// both answers.
+    fn is_ready(&self, offset: usize, len: usize) -> bool {
+        let mut reg = self.0.registry.lock().unwrap();
+        let ready = reg
+            .pool_ready
+            .get_mut(&self.0.mem.addr())
+            .expect("registered while the pool lives");
+        let end = (offset + len) as u64;
+        let was = *ready >= end;
+        *ready = (*ready).max(end);
+        was
+    }
 }
 
 impl Drop for StagingPoolAlloc {
