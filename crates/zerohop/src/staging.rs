@@ -119,6 +119,15 @@ impl StagingPool {
         Ok(t.elapsed().as_secs_f64())
     }
 
+    /// Blocks until all of the allocated pool may take copies (the device
+    /// may pin it after handing it out).
+    pub fn wait_ready(&self) -> Result<()> {
+        match &self.block {
+            Some(b) => b.wait_ready(0, b.len()),
+            None => Ok(()),
+        }
+    }
+
     /// Splits the slots among at most `workers` workers (at least one),
     /// each getting at least `min_slots` (two let a worker read one while
     /// another copies) where there are enough. Worker `w` of `n` has the

@@ -67,7 +67,8 @@ pub struct TransferStats {
     /// Allocating the engine's staging pool before the workers started
     /// (mapping its memory and making it present; on a GPU it is then
     /// pinned in pieces while the workers run, see
-    /// `profile.staging_wait_seconds`): the engine's first transfer,
+    /// `profile.staging_wait_seconds`; a transfer that measures the hot
+    /// routes waits for all of it first): the engine's first transfer,
     /// unless the pool was allocated earlier (`Engine::allocate_staging`,
     /// Python's `prepare`); 0 after.
     pub staging_seconds: f64,
