@@ -299,10 +299,18 @@ step_matrix() {
     # picks operations, size and rounds. Figures go to
     # $OUT/results.jsonl, in the ledger's form: append its lines to
     # bench/results.jsonl.
+    # With .before/wheel (the commit before a change, see
+    # bench/README.md), that build runs beside this one.
     warm_memory; install_wheels
+    local before=()
+    if compgen -G ".before/wheel/*.whl" > /dev/null; then
+        [ -d /tmp/site-before ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --target /tmp/site-before .before/wheel/*.whl
+        before=(--before /tmp/site-before --before-commit "$(cat .before/commit 2> /dev/null || echo unknown)")
+    fi
     # shellcheck disable=SC2086 # ZEROHOP_MATRIX_ARGS is a list of options
     PYTHONUNBUFFERED=1 python3 bench/matrix.py --machine "h200 $(uname -r)" --commit "$(cat .stage/commit)" \
-        --ledger "$OUT/results.jsonl" --json-out "$OUT/matrix.json" ${ZEROHOP_MATRIX_ARGS:-} \
+        --ledger "$OUT/results.jsonl" --json-out "$OUT/matrix.json" "${before[@]}" ${ZEROHOP_MATRIX_ARGS:-} \
         2>&1 | tee -a "$OUT/matrix.txt"
 }
 

@@ -35,7 +35,7 @@ nothing.
 
     python3 bench/matrix.py [--size 8GiB] [--rounds 3] [--ops load_file,...]
                             [--dir /dev/shm] [--device cuda:0] [--ledger bench/results.jsonl]
-                            [--before DIR] [--tools zerohop,instanttensor,...]
+                            [--before DIR [--before-commit C]] [--tools zerohop,instanttensor,...]
 """
 
 from __future__ import annotations
@@ -510,6 +510,7 @@ def main() -> None:
     ap.add_argument("--json-out")
     ap.add_argument("--before", default="", help="a directory holding another build's zerohop package, measured "
                     f"beside this one as {BEFORE!r}")
+    ap.add_argument("--before-commit", help="the commit --before was built from, for the ledger's figures")
     ap.add_argument("--tools", help="only these tools (zerohop, peers, limits; comma-separated)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -554,8 +555,10 @@ def main() -> None:
                 results.setdefault(o, {}).setdefault(shape, {})[t] = samples
                 s = summary(samples)
                 if s["best"]:
-                    lines.append(ledger_line(args, f"{o} {shape} {t} GB/s (best of {s['n']})", s["best"], command))
-                    lines.append(ledger_line(args, f"{o} {shape} {t} GB/s (median of {s['n']})", s["median"],
+                    # The build before a change by its commit, where given.
+                    name = f"zerohop at {args.before_commit}" if t == BEFORE and args.before_commit else t
+                    lines.append(ledger_line(args, f"{o} {shape} {name} GB/s (best of {s['n']})", s["best"], command))
+                    lines.append(ledger_line(args, f"{o} {shape} {name} GB/s (median of {s['n']})", s["median"],
                                              command))
         for p in paths:
             remove(p)

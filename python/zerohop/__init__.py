@@ -81,7 +81,7 @@ def prepare(device: Any = "cuda") -> str:
     """Sets zerohop up for `device` now ('cuda', 'cuda:N', an index, 'cpu',
     'auto'): its engine and all its pinned staging memory, made once per
     process. Never needed: a first transfer makes the engine and pins its
-    staging itself, before its first copy. Call this where time is free (at
+    staging itself, as its first copies start. Call this where time is free (at
     start-up, while the model is being built) to take even that off the
     first load; `import zerohop` does it in the
     background where it knows the device (`ZEROHOP_PREPARE`). Returns the

@@ -119,8 +119,8 @@ impl Drop for DeviceAllocation {
 /// On the H200 machine (`bench/probe/write_and_pin.c`), `cuMemHostAlloc`
 /// pinned 128 MiB in 63 - 100 ms whether asked from one thread or sixteen;
 /// huge pages populated and registered 4 MiB at a time, in 27 - 33 ms; one
-/// registration of 128 MiB of present pages took 7 ms. The driver
-/// serializes registrations and charges each about 0.8 ms: pin few, large
+/// registration of 128 MiB of present pages took 2.6 - 7 ms. The driver
+/// serializes registrations and charges each a fixed cost: pin few, large
 /// buffers.
 #[derive(Debug)]
 pub struct PinnedBuffer {
@@ -234,8 +234,8 @@ pub(crate) fn map_anonymous(mapped: usize) -> Result<*mut u8> {
 
 /// Bytes made present by one call of [`populate_chunk`]: a huge page. The
 /// call holds the process's memory-map lock as a reader, which another
-/// thread's `mmap` (a framework allocating device memory, say) waits for:
-/// one large call held it for the whole populating of a staging pool.
+/// thread's `mmap` (a framework allocating device memory, say) waits for;
+/// a call per huge page lets such a caller in between.
 pub(crate) const POPULATE_CHUNK: usize = 2 << 20;
 
 /// Makes chunk `c` (of [`POPULATE_CHUNK`] bytes; the last may be shorter)

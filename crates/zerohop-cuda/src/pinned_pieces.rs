@@ -16,11 +16,16 @@ use std::thread::JoinHandle;
 /// [`PinnedPieces::wait_pinned`] blocks until a range is registered.
 ///
 /// Why: on the H200 machine, making a staging pool of 128 MiB present took
-/// 10 - 27 ms even on 8 threads, and registering it 3 - 4 ms, all before a
-/// first load's first copy. In pieces, the first copies wait only for the
-/// first piece (16 MiB: 0.5 - 0.7 ms to register). A registration stops
-/// every copy of the process while it runs, and costs a little more in
-/// pieces (8 x 16 MiB: 3.1 - 4.6 ms in all; one call: 2.6 - 3.8).
+/// 9 - 27 ms even on 8 threads, and registering it 2.6 - 5 ms, all before
+/// a first load's first copy; a registration stops every copy of the
+/// process while it runs (8 x 16 MiB: 3.1 - 5.2 ms in all, the first piece
+/// ready after 0.5 - 0.8 ms). In pieces, in order, the first copies wait
+/// only for the first piece: a first load's workers waited about 7 ms each,
+/// where making the whole pool present first held every one 11 - 15 ms
+/// (the load as a whole ran at the same rate: the helpers take CPU from the
+/// workers). Pages are made present a huge page per call, so another
+/// thread's `mmap` (a framework allocating device memory) waits for one
+/// call, not for the whole pool.
 #[derive(Debug)]
 pub struct PinnedPieces {
     shared: Arc<Shared>,

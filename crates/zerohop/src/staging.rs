@@ -66,8 +66,8 @@ impl StagingConfig {
 
 /// The slots, in one block of host memory allocated when the first transfer
 /// needs them (or when asked: [`StagingPool::allocate`]) and kept from then
-/// on. One block, because pinning costs the driver about 0.8 ms a call
-/// whatever the size and it serializes calls (on the H200 machine 32
+/// on. One block, because the driver charges each pinning call a fixed cost
+/// whatever its size and serializes the calls (on the H200 machine 32
 /// registrations of 4 MiB took 27 - 33 ms); a device may pin it in pieces
 /// after handing it out ([`Device::alloc_staging_pool`]), so the block is
 /// laid out for that: the first slot of every worker first, then their

@@ -2,8 +2,7 @@
 //! of the staging slots and a copy queue. It queues a window's device-to-host
 //! copies into a free slot at once, and writes the slot to its file once the
 //! fence behind those copies has passed, so copies and writes overlap (a
-//! worker keeps up to its slot count in flight, and workers run in parallel,
-//! each on a file of its own where there are enough: see [`Claims`]).
+//! worker keeps up to its slot count in flight, and workers run in parallel).
 
 use super::workers::{assert_fits, run_workers, Progress};
 use crate::device::{CopyQueue, Fence};
@@ -66,65 +65,13 @@ pub(super) struct WriteWorker<'s> {
 /// Runs `job` on `workers`. Either every window was written (or skipped by
 /// the filter) or an error is returned.
 pub(super) fn run(job: &WriteJob<'_>, workers: Vec<WriteWorker<'_>>) -> Result<Written> {
-    let claims = Claims::new(&job.windows);
+    let next = AtomicUsize::new(0);
     let abort = AtomicBool::new(false);
     let mut total = Written::default();
-    let numbered = workers.into_iter().enumerate().collect();
-    for w in run_workers(numbered, &abort, |(k, w)| work(job, &claims, k, &abort, w))? {
+    for w in run_workers(workers, &abort, |w| work(job, &next, &abort, w))? {
         total.add(w);
     }
     Ok(total)
-}
-
-/// Which window a worker writes next: the windows of one file at a time, in
-/// order, worker `k` starting at file `k` (modulo the files), then taking a
-/// file nobody has started, then helping with any file that has windows
-/// left. Where there are as many files as workers, each file has one writer
-/// until the end: a memory file system takes a file's lock for every write,
-/// and workers that shared files round-robin waited on each other's writes.
-struct Claims {
-    /// Per file that has windows, their indices and how many are taken.
-    per_file: Vec<(Vec<usize>, AtomicUsize)>,
-}
-
-impl Claims {
-    fn new(windows: &[Window]) -> Self {
-        let files = windows.iter().map(|w| w.file + 1).max().unwrap_or(0);
-        let mut per_file: Vec<(Vec<usize>, AtomicUsize)> = (0..files)
-            .map(|_| (Vec::new(), AtomicUsize::new(0)))
-            .collect();
-        for (i, w) in windows.iter().enumerate() {
-            per_file[w.file].0.push(i);
-        }
-        per_file.retain(|(ids, _)| !ids.is_empty());
-        Claims { per_file }
-    }
-
-    /// The next window for a worker at file `*at` (taken modulo the files),
-    /// moving `*at` to the file it came from; `None` once every window is
-    /// taken.
-    fn next(&self, at: &mut usize) -> Option<usize> {
-        let n = self.per_file.len();
-        let take = |f: usize| {
-            let (ids, taken) = &self.per_file[f];
-            if taken.load(Ordering::Relaxed) >= ids.len() {
-                return None;
-            }
-            ids.get(taken.fetch_add(1, Ordering::Relaxed)).copied()
-        };
-        let started = |f: usize| self.per_file[f].1.load(Ordering::Relaxed) > 0;
-        let own = *at % n.max(1);
-        let others = (1..n).map(|step| (own + step) % n);
-        let untouched = others.clone().filter(|&f| !started(f));
-        let found = std::iter::once(own)
-            .take(n.min(1))
-            .chain(untouched)
-            .chain(others)
-            .find_map(|f| take(f).map(|i| (f, i)));
-        let (f, i) = found?;
-        *at = f;
-        Some(i)
-    }
 }
 
 /// A window whose copies are queued into `slot`.
@@ -136,8 +83,7 @@ struct InFlight {
 
 fn work(
     job: &WriteJob<'_>,
-    claims: &Claims,
-    k: usize,
+    next: &AtomicUsize,
     abort: &AtomicBool,
     mut w: WriteWorker<'_>,
 ) -> Result<Written> {
@@ -146,10 +92,9 @@ fn work(
     let mut free = w.slots.all_free();
     let mut pending: VecDeque<InFlight> = VecDeque::new();
     let mut result = Ok(());
-    let mut at = k;
     while result.is_ok() && !abort.load(Ordering::Relaxed) {
-        let Some(i) = claims.next(&mut at) else { break };
-        let win = &job.windows[i];
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(win) = job.windows.get(i) else { break };
         // A free slot the pool is still pinning is taken only when no
         // window is in flight: finishing the oldest frees a pinned one.
         let slot = loop {
@@ -396,84 +341,4 @@ pub(super) fn write_error(file: &SinkFile, at: u64, len: u64, e: std::io::Error)
         return err.context("the file system is full");
     }
     err
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn windows(files: usize, per_file: usize) -> Vec<Window> {
-        (0..files * per_file)
-            .map(|i| Window {
-                file: i % files,
-                start: (i / files) as u64 * 4096,
-                read_len: 4096,
-                needed: 4096,
-                copies: Vec::new(),
-            })
-            .collect()
-    }
-
-    /// Takes every window through `workers` cursors, round-robin between
-    /// them; returns each worker's windows.
-    fn drain(claims: &Claims, workers: usize) -> Vec<Vec<usize>> {
-        let mut at: Vec<usize> = (0..workers).collect();
-        let mut got = vec![Vec::new(); workers];
-        let mut left = workers;
-        let mut done = vec![false; workers];
-        while left > 0 {
-            for k in 0..workers {
-                if done[k] {
-                    continue;
-                }
-                match claims.next(&mut at[k]) {
-                    Some(i) => got[k].push(i),
-                    None => {
-                        done[k] = true;
-                        left -= 1;
-                    }
-                }
-            }
-        }
-        got
-    }
-
-    fn files_of(wins: &[Window], ids: &[usize]) -> Vec<usize> {
-        let mut f: Vec<usize> = ids.iter().map(|&i| wins[i].file).collect();
-        f.dedup();
-        f
-    }
-
-    #[test]
-    fn each_worker_writes_a_file_of_its_own_where_there_are_enough() {
-        let wins = windows(4, 5);
-        let got = drain(&Claims::new(&wins), 4);
-        for (k, ids) in got.iter().enumerate() {
-            assert_eq!(files_of(&wins, ids), vec![k], "worker {k}: {ids:?}");
-            let offsets: Vec<u64> = ids.iter().map(|&i| wins[i].start).collect();
-            assert!(offsets.is_sorted(), "a file's windows go in order");
-        }
-    }
-
-    #[test]
-    fn a_worker_done_with_its_file_starts_one_nobody_has() {
-        let wins = windows(6, 3);
-        let got = drain(&Claims::new(&wins), 2);
-        assert_eq!(files_of(&wins, &got[0]), vec![0, 2, 4]);
-        assert_eq!(files_of(&wins, &got[1]), vec![1, 3, 5]);
-    }
-
-    #[test]
-    fn every_window_is_taken_once_whatever_the_counts() {
-        for (files, per_file, workers) in [(1, 7, 4), (3, 4, 8), (5, 2, 3), (2, 0, 2), (4, 1, 1)] {
-            let wins = windows(files, per_file);
-            let mut all: Vec<usize> = drain(&Claims::new(&wins), workers).concat();
-            all.sort_unstable();
-            assert_eq!(
-                all,
-                (0..wins.len()).collect::<Vec<_>>(),
-                "{files} x {per_file} / {workers}"
-            );
-        }
-    }
 }
