@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 /// process while it runs (8 x 16 MiB: 3.1 - 5.2 ms in all, the first piece
 /// ready after 0.5 - 0.8 ms). In pieces, in order, the first copies wait
 /// only for the first piece: a first load's workers waited about 7 ms each,
-/// where making the whole pool present first held every one 11 - 15 ms
+/// where making the whole pool present first held every one 10 - 16 ms
 /// (the load as a whole ran at the same rate: the helpers take CPU from the
 /// workers). Pages are made present a huge page per call, so another
 /// thread's `mmap` (a framework allocating device memory) waits for one
