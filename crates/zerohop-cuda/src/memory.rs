@@ -196,9 +196,9 @@ impl Drop for PinnedBuffer {
 
 /// A fresh anonymous mapping of `mapped` bytes (a whole number of pages)
 /// for pinned memory, made present ([`populate`]) before it is registered.
-pub(crate) fn map_populated(mapped: usize) -> Result<*mut u8> {
+fn map_populated(mapped: usize) -> Result<*mut u8> {
     let ptr = map_anonymous(mapped)?;
-    populate(ptr, mapped);
+    populate(ptr as usize, mapped);
     Ok(ptr)
 }
 
@@ -232,58 +232,14 @@ pub(crate) fn map_anonymous(mapped: usize) -> Result<*mut u8> {
     Ok(ptr.cast())
 }
 
-/// Bytes made present by one call of [`populate_chunk`]: a huge page. The
-/// call holds the process's memory-map lock as a reader, which another
-/// thread's `mmap` (a framework allocating device memory, say) waits for;
-/// a call per huge page lets such a caller in between.
-pub(crate) const POPULATE_CHUNK: usize = 2 << 20;
-
-/// Makes chunk `c` (of [`POPULATE_CHUNK`] bytes; the last may be shorter)
-/// of the fresh private mapping `start..start+len` present
+/// Makes `start..start+len`, part of a fresh private mapping, present
 /// (`MADV_POPULATE_WRITE`): the kernel zeroes each page as it provides it.
 /// Advice only: where it is refused (kernels before 5.14), the driver
 /// faults the pages in as it registers them.
-pub(crate) fn populate_chunk(start: usize, len: usize, c: usize) {
-    let from = c * POPULATE_CHUNK;
-    let n = POPULATE_CHUNK.min(len - from);
-    // SAFETY: advice on `from..from+n`, inside the caller's fresh mapping;
-    // it changes no byte a program has written.
-    unsafe {
-        libc::madvise(
-            (start + from) as *mut libc::c_void,
-            n,
-            libc::MADV_POPULATE_WRITE,
-        )
-    };
-}
-
-/// Threads that make a mapping present together: the kernel zeroing pages
-/// for one thread made a 128 MiB pool wait tens of milliseconds.
-pub(crate) fn populate_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
-}
-
-/// Makes the pages of `ptr..ptr+len`, a fresh private mapping, present,
-/// chunk by chunk, on [`populate_threads`] threads.
-fn populate(ptr: *mut u8, len: usize) {
-    let chunks = len.div_ceil(POPULATE_CHUNK);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    // Addresses cross threads as integers: each chunk is advised once, and
-    // the mapping outlives the scope.
-    let start = ptr as usize;
-    let work = || loop {
-        let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if c >= chunks {
-            break;
-        }
-        populate_chunk(start, len, c);
-    };
-    std::thread::scope(|scope| {
-        for _ in 1..populate_threads().min(chunks) {
-            scope.spawn(work);
-        }
-        work();
-    });
+pub(crate) fn populate(start: usize, len: usize) {
+    // SAFETY: advice on a range of the caller's fresh mapping; it changes no
+    // byte a program has written.
+    unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
 }
 
 pub(crate) fn page_size() -> usize {

@@ -3,7 +3,7 @@
 //! rest is made ready.
 
 use crate::error::{check, CudaError};
-use crate::memory::{map_anonymous, page_size, populate_chunk, populate_threads, POPULATE_CHUNK};
+use crate::memory::{map_anonymous, page_size, populate};
 use crate::{Context, Result};
 use cudarc::driver::sys;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,6 +26,19 @@ use std::thread::JoinHandle;
 /// workers). Pages are made present a huge page per call, so another
 /// thread's `mmap` (a framework allocating device memory) waits for one
 /// call, not for the whole pool.
+/// Bytes made present by one call: a huge page. The call holds the
+/// process's memory-map lock as a reader, which another thread's `mmap` (a
+/// framework allocating device memory, say) waits for; a call per huge
+/// page lets such a caller in between.
+const POPULATE_CHUNK: usize = 2 << 20;
+
+/// Threads that make the memory present together, the pinner among them:
+/// the kernel zeroing pages for one thread made a 128 MiB pool wait tens of
+/// milliseconds.
+fn populate_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
 #[derive(Debug)]
 pub struct PinnedPieces {
     shared: Arc<Shared>,
@@ -172,7 +185,8 @@ fn pin_pieces(shared: &Shared, start: usize, mapped: usize, piece: usize) {
         if c >= chunks || quit.load(Ordering::Relaxed) {
             return false;
         }
-        populate_chunk(start, mapped, c);
+        let from = c * POPULATE_CHUNK;
+        populate(start + from, POPULATE_CHUNK.min(mapped - from));
         // A piece is whole chunks, or the whole mapping (see `new`).
         populated[c * POPULATE_CHUNK / piece].fetch_add(1, Ordering::Release);
         true
