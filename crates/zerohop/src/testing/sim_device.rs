@@ -239,26 +239,27 @@ impl StagingMemory for StagingPoolAlloc {
         self.0.mem.len()
     }
     fn wait_ready(&self, offset: usize, len: usize) -> Result<()> {
-        let mut reg = self.0.registry.lock().unwrap();
-        let ready = reg
-            .pool_ready
-            .get_mut(&self.0.mem.addr())
-            .expect("registered while the pool lives");
-        *ready = (*ready).max((offset + len) as u64);
+        self.pin_to(offset + len);
         Ok(())
     }
     /// False the first time a range beyond what is pinned is asked about:
     /// asking lets the simulated pinning catch up to it, so pipelines meet
     /// both answers.
     fn is_ready(&self, offset: usize, len: usize) -> bool {
+        self.pin_to(offset + len)
+    }
+}
+
+impl StagingPoolAlloc {
+    /// Marks the pool "pinned" up to byte `end`; whether it was already.
+    fn pin_to(&self, end: usize) -> bool {
         let mut reg = self.0.registry.lock().unwrap();
         let ready = reg
             .pool_ready
             .get_mut(&self.0.mem.addr())
             .expect("registered while the pool lives");
-        let end = (offset + len) as u64;
-        let was = *ready >= end;
-        *ready = (*ready).max(end);
+        let was = *ready >= end as u64;
+        *ready = (*ready).max(end as u64);
         was
     }
 }
