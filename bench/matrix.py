@@ -430,7 +430,7 @@ def summary(samples: list) -> dict:
 
 def report(op: str, table: dict, limits: dict) -> tuple:
     """Prints one operation's table; returns (worst over best, failures)."""
-    tools = [t for t in tool_list(op) if any(table[s].get(t) for s in table)]
+    tools = [t for t in tool_list(op, True) if any(table[s].get(t) for s in table)]
     print(f"\n== {op} (GB/s, best / median of each tool's rounds; first call in a fresh process)")
     head = f"{'shape':<12}" + "".join(f"{t:>22}" for t in tools)
     if op in ("load_file", "get_slice") and "pinned-h2d" in limits:
@@ -473,10 +473,9 @@ def report(op: str, table: dict, limits: dict) -> tuple:
     return ratio, failures
 
 
-def tool_list(op: str, before: str = "x") -> list:
-    """`op`'s tools: zerohop, the build before a change where there is one
-    (`before`: always, for tables of what was measured), its peers and
-    limits."""
+def tool_list(op: str, before: bool) -> list:
+    """`op`'s tools: zerohop, the build before a change where `before`, its
+    peers and limits."""
     return ["zerohop"] + ([BEFORE] if before else []) + list(TOOLS[op][1:])
 
 
@@ -546,7 +545,7 @@ def main() -> None:
         print(f"{shape}: {sum(len(f) for f in files)} tensors in {len(files)} file(s), made in "
               f"{time.perf_counter() - t:.1f} s", flush=True)
         for op in ops:
-            tools = [t for t in tool_list(op, args.before) if installed(t) and (on_gpu or t != "instanttensor")]
+            tools = [t for t in tool_list(op, bool(args.before)) if installed(t) and (on_gpu or t != "instanttensor")]
             if args.tools:
                 tools = [t for t in tools if t in args.tools.split(",")]
             rows = measure(args, op, shape, tools, paths, seed)
