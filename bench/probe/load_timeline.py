@@ -13,7 +13,11 @@ its views, next to variants that change one thing:
 - `views-after`: the tensors' views made after the transfer instead of
   while it runs (the engine's read on the calling thread);
 - `one-alloc`: one allocation viewed as every tensor, the engine on the
-  calling thread (what the CLI does; the floor for any Python load).
+  calling thread (what the CLI does; the floor for any Python load);
+- `prepared`: `zerohop.prepare()` called, and half a second for the
+  pinning it started, before the clock (a program that prepares while it
+  builds its model): the load with no setup of its own and nothing
+  running beside it.
 
     python3 bench/probe/load_timeline.py /dev/shm/model.safetensors [--runs 5] [--variants load_file,...]
 """
@@ -31,7 +35,7 @@ import tempfile
 import threading
 import time
 
-VARIANTS = ("load_file", "no-prepare", "views-after", "one-alloc")
+VARIANTS = ("load_file", "no-prepare", "views-after", "one-alloc", "prepared")
 
 
 def child(path: str, variant: str, warm: bool) -> dict:
@@ -50,6 +54,9 @@ def child(path: str, variant: str, warm: bool) -> dict:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
+    if variant == "prepared":
+        zerohop.prepare("cuda:0")
+        time.sleep(0.5)
     marks: dict = {}
     stats: dict = {}
     now = time.perf_counter

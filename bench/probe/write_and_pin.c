@@ -13,7 +13,8 @@
 // memory already touched. A staging pool's block (128 MiB on huge pages):
 // made present by 8 threads, registered in one call or in pieces of 16
 // MiB (when each piece is ready), and whether host-to-device copies on
-// another thread slow down while it is registered.
+// another thread slow down while it is registered, or device allocations
+// (cuMemAlloc) while it is made present or registered.
 //
 //   gcc -O2 -pthread -o write_and_pin bench/probe/write_and_pin.c -ldl
 //   ./write_and_pin /dev/shm /var/tmp [GIB]
@@ -132,10 +133,12 @@ typedef int (*fn_hfree)(void *);
 typedef int (*fn_hreg)(void *, size_t, unsigned);
 typedef int (*fn_hunreg)(void *);
 typedef int (*fn_malloc)(unsigned long long *, size_t);
+typedef int (*fn_free)(unsigned long long);
 typedef int (*fn_stream)(void **, unsigned);
 typedef int (*fn_h2d)(unsigned long long, const void *, size_t, void *);
 typedef int (*fn_sync)(void *);
 static fn_malloc cu_malloc;
+static fn_free cu_free;
 static fn_stream cu_stream;
 static fn_h2d cu_h2d;
 static fn_sync cu_sync;
@@ -211,15 +214,22 @@ struct populate_job {
     size_t len, call;
 };
 
+// `call` bytes per madvise(MADV_POPULATE_WRITE), or, with `call` 0, a
+// byte written per page (faults, which take only the mapping's own lock
+// where the kernel has per-mapping fault locks, not the whole process's).
 static void *populater(void *arg) {
     struct populate_job *p = arg;
+    if (p->call == 0) {
+        for (size_t at = 0; at < p->len; at += 4096) ((volatile uint8_t *)p->at)[at] = 0;
+        return NULL;
+    }
     for (size_t at = 0; at < p->len; at += p->call)
         if (madvise(p->at + at, p->call, MADV_POPULATE_WRITE)) die("populate");
     return NULL;
 }
 
 // A fresh 128 MiB mapping (on huge pages, or small ones), made present by 8
-// threads, `call` bytes per madvise.
+// threads, `call` bytes per madvise (0: by touching each page).
 static uint8_t *pool_pages(double *populate_ms, int huge, size_t call) {
     uint8_t *m = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) die("mmap");
@@ -288,7 +298,71 @@ static double copy_rate(struct copier *c, double from, double to) {
     return (last - first) * 16.0 * CHUNK / (c->at[last] - c->at[first]) / 1e9;
 }
 
+// A framework allocating a model's device memory: 8 x 1 GiB, in ms (freed
+// after).
+static double device_allocations(void) {
+    unsigned long long d[8];
+    double t0 = now();
+    for (int i = 0; i < 8; i++)
+        if (cu_malloc(&d[i], 1UL << 30)) die("cuMemAlloc");
+    double ms = (now() - t0) * 1e3;
+    for (int i = 0; i < 8; i++) cu_free(d[i]);
+    return ms;
+}
+
+// A pool made ready beside those allocations: made present by 8 threads
+// (in 2 MiB madvise calls, or by touching its pages), or registered in
+// pieces (`call` -1).
+struct beside {
+    long call;
+    uint8_t *m;
+    double ms;
+};
+
+static void *pool_beside(void *arg) {
+    struct beside *b = arg;
+    cu_set(ctx);
+    double t0 = now(), ready[64];
+    if (b->call < 0)
+        register_pieces(b->m, PIECE, ready);
+    else
+        b->m = pool_pages(&b->ms, 1, (size_t)b->call);
+    b->ms = (now() - t0) * 1e3;
+    return NULL;
+}
+
+// The allocations' ms while `b` runs on another thread; `b->ms` its own.
+static double allocations_while(struct beside *b) {
+    pthread_t tid;
+    pthread_create(&tid, NULL, pool_beside, b);
+    usleep(300);
+    double ms = device_allocations();
+    pthread_join(tid, NULL);
+    return ms;
+}
+
+// Whether a pool being made ready holds up another thread's device
+// allocations: alone, while the pool is made present each way, while it
+// is registered.
+static void allocations_beside_pool(int round) {
+    double alone = device_allocations();
+    struct beside madvised = {2L << 20, NULL, 0}, touched = {0, NULL, 0};
+    double during_madvise = allocations_while(&madvised);
+    munmap(madvised.m, POOL);
+    double during_touch = allocations_while(&touched);
+    struct beside registered = {-1, touched.m, 0};
+    double during_register = allocations_while(&registered);
+    unregister_pieces(touched.m, PIECE);
+    printf("pool: cuMemAlloc 8 x 1 GiB (round %d): alone %.1f ms; while a pool is made present by "
+           "madvise %.1f ms (it took %.1f ms), by touching %.1f ms (it took %.1f ms); while registered in "
+           "pieces %.1f ms (it took %.1f ms)\n",
+           round, alone, during_madvise, madvised.ms, during_touch, touched.ms, during_register,
+           registered.ms);
+    fflush(stdout);
+}
+
 static void staging_pool(int round) {
+    allocations_beside_pool(round);
     double populate_ms, ready[64];
     uint8_t *m = pool_block(&populate_ms);
     register_pieces(m, POOL, ready);
@@ -297,6 +371,9 @@ static void staging_pool(int round) {
     unregister_pieces(m, POOL);
     m = pool_pages(&populate_ms, 1, 2UL << 20);
     printf("pool: populate 128 MiB in 2 MiB calls, 8 threads (round %d)  %7.1f ms\n", round, populate_ms);
+    munmap(m, POOL);
+    m = pool_pages(&populate_ms, 1, 0);
+    printf("pool: populate 128 MiB by touching its pages, 8 threads (round %d)  %7.1f ms\n", round, populate_ms);
     munmap(m, POOL);
     m = pool_pages(&populate_ms, 0, POOL / 8);
     register_pieces(m, POOL, ready);
@@ -345,6 +422,7 @@ static int pinning(int pool_only) {
     cu_hreg = (fn_hreg)dlsym(lib, "cuMemHostRegister_v2");
     cu_hunreg = (fn_hunreg)dlsym(lib, "cuMemHostUnregister");
     cu_malloc = (fn_malloc)dlsym(lib, "cuMemAlloc_v2");
+    cu_free = (fn_free)dlsym(lib, "cuMemFree_v2");
     cu_stream = (fn_stream)dlsym(lib, "cuStreamCreate");
     cu_h2d = (fn_h2d)dlsym(lib, "cuMemcpyHtoDAsync_v2");
     cu_sync = (fn_sync)dlsym(lib, "cuStreamSynchronize");

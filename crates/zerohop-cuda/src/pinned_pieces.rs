@@ -10,6 +10,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
+/// Bytes made present at a time by one thread: a huge page.
+const POPULATE_CHUNK: usize = 2 << 20;
+
+/// Threads that make the memory present together, the pinner among them:
+/// the kernel zeroing pages for one thread made a 128 MiB pool wait tens of
+/// milliseconds.
+fn populate_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
 /// An anonymous mapping of this process, made present and registered with
 /// the driver one piece after another, from its start, by a thread of its
 /// own (with helpers making pages present ahead of it).
@@ -23,22 +33,9 @@ use std::thread::JoinHandle;
 /// only for the first piece: a first load's workers waited about 7 ms each,
 /// where making the whole pool present first held every one 10 - 16 ms
 /// (the load as a whole ran at the same rate: the helpers take CPU from the
-/// workers). Pages are made present a huge page per call, so another
-/// thread's `mmap` (a framework allocating device memory) waits for one
-/// call, not for the whole pool.
-/// Bytes made present by one call: a huge page. The call holds the
-/// process's memory-map lock as a reader, which another thread's `mmap` (a
-/// framework allocating device memory, say) waits for; a call per huge
-/// page lets such a caller in between.
-const POPULATE_CHUNK: usize = 2 << 20;
-
-/// Threads that make the memory present together, the pinner among them:
-/// the kernel zeroing pages for one thread made a 128 MiB pool wait tens of
-/// milliseconds.
-fn populate_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
-}
-
+/// workers). Pages are made present by faults ([`populate`]), which leave
+/// another thread's `mmap` (a framework allocating device memory) free to
+/// run meanwhile.
 #[derive(Debug)]
 pub struct PinnedPieces {
     shared: Arc<Shared>,
