@@ -239,9 +239,10 @@ pub(crate) fn map_anonymous(mapped: usize) -> Result<*mut u8> {
 /// Why faults and not `MADV_POPULATE_WRITE`: the advice holds the whole
 /// process's memory-map lock, which every `mmap` of another thread (a
 /// framework allocating device memory) waits for. On the H200 machine
-/// 8 x 1 GiB `cuMemAlloc`s took 1 ms alone and 20 - 22 ms while a pool of
-/// 128 MiB was populated that way; a fault takes only its mapping's lock
-/// (Linux 6.4 on), and the pages come as fast (`write_and_pin --pin-only`).
+/// 8 x 1 GiB `cuMemAlloc`s took 1 ms alone and 20 - 27 ms while a pool of
+/// 128 MiB was populated that way (on 8 threads, 25 - 29 ms), and 1.2 - 1.9
+/// ms while it was made present by faults (4.5 - 5.5 ms): a fault takes only
+/// its mapping's lock (Linux 6.4 on; `write_and_pin --pin-only`).
 pub(crate) fn populate(start: usize, len: usize) {
     let page = page_size();
     for at in (start..start + len).step_by(page) {

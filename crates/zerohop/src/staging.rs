@@ -194,7 +194,7 @@ impl StagingShare<'_> {
     }
 
     /// The first byte of slot `i`, the start of `slot_bytes` bytes that
-    /// only this share reaches. The CPU may use them at once; copies only
+    /// only this share reaches, to be used (by the CPU or by copies) only
     /// after [`StagingShare::wait_ready`].
     pub fn ptr(&self, i: usize) -> *mut u8 {
         // SAFETY: `i * stride + first < count * stride <= slot_count`, so
@@ -202,8 +202,8 @@ impl StagingShare<'_> {
         unsafe { self.base.add(self.offset(i)) }
     }
 
-    /// Blocks until slot `i` may take asynchronous copies (the device may
-    /// still be pinning the block); immediate once it is.
+    /// Blocks until slot `i` may be used (the device may still be making
+    /// the block ready); immediate once it is.
     pub fn wait_ready(&self, i: usize) -> Result<()> {
         self.block.wait_ready(self.offset(i), self.slot_bytes)
     }

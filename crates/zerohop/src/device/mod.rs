@@ -60,16 +60,17 @@ pub trait StagingMemory: Send + Sync {
         self.len() == 0
     }
 
-    /// Blocks until `offset..offset+len` may take asynchronous copies: the
-    /// memory of [`Device::alloc_staging_pool`] may still be being pinned
-    /// when it is handed out. The CPU may read and write it before.
+    /// Blocks until `offset..offset+len` may be used: the memory of
+    /// [`Device::alloc_staging_pool`] may still be being made present and
+    /// pinned when it is handed out, which may write its pages. Until
+    /// this returns for a range, neither the CPU nor a copy uses it.
     fn wait_ready(&self, offset: usize, len: usize) -> Result<()> {
         let _ = (offset, len);
         Ok(())
     }
 
-    /// Whether `offset..offset+len` may take asynchronous copies now,
-    /// without waiting (see [`StagingMemory::wait_ready`]).
+    /// Whether `offset..offset+len` may be used now, without waiting (see
+    /// [`StagingMemory::wait_ready`]).
     fn is_ready(&self, offset: usize, len: usize) -> bool {
         let _ = (offset, len);
         true

@@ -349,6 +349,16 @@ fn stage(
         }
         wait_oldest(pending, free, &mut moved.profile)?;
     };
+    // The pool may still be making the slot ready (a new engine's first
+    // transfer), which may write its pages: neither the CPU nor a copy
+    // uses it before.
+    let t = Instant::now();
+    let ready = w.slots.wait_ready(slot);
+    moved.profile.staging_wait_seconds += t.elapsed().as_secs_f64();
+    if let Err(e) = ready {
+        free.push(slot);
+        return Err(e);
+    }
     let t = Instant::now();
     let read = match fill {
         Fill::Read(mode) => read_window(w, slot, job.backend, file, mode, win).map(Some),
@@ -374,15 +384,6 @@ fn stage(
             return Err(e);
         }
     };
-    // The pool may still be pinning the slot (a new engine's first
-    // transfer): the CPU could fill it before, a copy only after.
-    let t = Instant::now();
-    let ready = w.slots.wait_ready(slot);
-    moved.profile.staging_wait_seconds += t.elapsed().as_secs_f64();
-    if let Err(e) = ready {
-        free.push(slot);
-        return Err(e);
-    }
     let base = w.slots.ptr(slot);
     // SAFETY: the slot holds `win.needed` freshly read bytes, and it stays
     // untouched until the fence below has been waited for (it is on

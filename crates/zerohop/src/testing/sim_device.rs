@@ -56,14 +56,23 @@ enum Region {
     Pinned,
 }
 
+/// Bytes from a simulated pool's start that were asked about (the
+/// simulated pinning catches up to each question), and those whose use was
+/// granted (by `wait_ready`, or an `is_ready` answering true).
+#[derive(Default)]
+struct PoolProgress {
+    asked: u64,
+    granted: u64,
+}
+
 #[derive(Default)]
 struct Registry {
     /// start address -> (length, what it is)
     ranges: BTreeMap<u64, (u64, Region)>,
-    /// Staging pools (`alloc_staging_pool`), by start address: how many of
-    /// their bytes from the start are "pinned", each range as it is waited
-    /// for, as a GPU's pool is pinned in pieces after it is handed out.
-    pool_ready: BTreeMap<u64, u64>,
+    /// Staging pools (`alloc_staging_pool`), by start address: how far
+    /// from their start they are "pinned", as a GPU's pool is pinned in
+    /// pieces after it is handed out.
+    pool_ready: BTreeMap<u64, PoolProgress>,
     device_bytes: u64,
 }
 
@@ -72,10 +81,10 @@ impl Registry {
     /// the pools always, inside one once it was waited for.
     fn ready(&self, addr: u64, len: u64) -> bool {
         match self.pool_ready.range(..=addr).next_back() {
-            Some((&start, &ready))
+            Some((&start, ready))
                 if self.contains(start, addr + len - start, &[Region::Staging]) =>
             {
-                addr + len <= start + ready
+                addr + len <= start + ready.granted
             }
             _ => true,
         }
@@ -228,7 +237,9 @@ impl StagingMemory for HostAlloc {
 
 /// A staging pool: a copy from or into any of it that was not waited for
 /// first fails, as one from memory a GPU has not pinned yet would run as
-/// a slow synchronous copy (or, into it, not at all).
+/// a slow synchronous copy (or, into it, not at all); and a range's bytes
+/// are scribbled on as it becomes ready, as a GPU's pool writes each page
+/// it makes present, so bytes put there before the wait do not survive.
 struct StagingPoolAlloc(HostAlloc);
 
 impl StagingMemory for StagingPoolAlloc {
@@ -239,30 +250,49 @@ impl StagingMemory for StagingPoolAlloc {
         self.0.mem.len()
     }
     fn wait_ready(&self, offset: usize, len: usize) -> Result<()> {
-        self.pin_to(offset + len);
+        self.answer(offset + len, true);
         Ok(())
     }
-    /// False the first time a range beyond what is pinned is asked about:
-    /// asking lets the simulated pinning catch up to it, so pipelines meet
-    /// both answers.
+    /// False the first time a range beyond what was asked about is asked
+    /// about: asking lets the simulated pinning catch up to it, so
+    /// pipelines meet both answers.
     fn is_ready(&self, offset: usize, len: usize) -> bool {
-        self.pin_to(offset + len)
+        self.answer(offset + len, false)
     }
 }
 
 impl StagingPoolAlloc {
-    /// Marks the pool "pinned" up to byte `end`; whether it was already.
-    fn pin_to(&self, end: usize) -> bool {
+    /// Whether the pool up to byte `end` may be used (always, with
+    /// `wait`); where it may, and was not granted before, its bytes are
+    /// scribbled on first.
+    fn answer(&self, end: usize, wait: bool) -> bool {
         let mut reg = self.0.registry.lock().unwrap();
-        let ready = reg
+        let pool = reg
             .pool_ready
             .get_mut(&self.0.mem.addr())
             .expect("registered while the pool lives");
-        let was = *ready >= end as u64;
-        *ready = (*ready).max(end as u64);
-        was
+        let end = end as u64;
+        if !wait && pool.asked < end {
+            pool.asked = end;
+            return false;
+        }
+        let to = (end as usize).min(self.0.mem.len());
+        for at in (pool.granted as usize..to).step_by(SCRIBBLE_STRIDE) {
+            // SAFETY: `at` lies inside the pool, in a range whose use was
+            // never granted, which by the `StagingMemory` contract nobody
+            // uses yet; whoever uses it asks the registry first, whose lock
+            // is held here.
+            unsafe { ((self.0.mem.addr() as usize + at) as *mut u8).write_volatile(SCRIBBLE) };
+        }
+        pool.asked = pool.asked.max(end);
+        pool.granted = pool.granted.max(end);
+        true
     }
 }
+
+/// Every this many bytes, a pool's range becoming ready gets [`SCRIBBLE`].
+const SCRIBBLE_STRIDE: usize = 4096;
+const SCRIBBLE: u8 = 0xA5;
 
 impl Drop for StagingPoolAlloc {
     fn drop(&mut self) {
@@ -313,7 +343,7 @@ impl Device for SimDevice {
             .lock()
             .unwrap()
             .pool_ready
-            .insert(alloc.mem.addr(), 0);
+            .insert(alloc.mem.addr(), PoolProgress::default());
         Ok(Box::new(StagingPoolAlloc(alloc)))
     }
 
@@ -674,7 +704,8 @@ mod tests {
     use super::*;
 
     /// A pool's staging takes copies only where it was waited for, as a
-    /// pool a GPU still pins would.
+    /// pool a GPU still pins would, and bytes written before the wait are
+    /// lost, as a GPU's pool made present after them would lose them.
     #[test]
     fn a_pool_takes_copies_only_where_waited_for() {
         let dev = SimDevice::new(SimConfig::default());
@@ -688,7 +719,13 @@ mod tests {
         let mut pool = dev.alloc_staging_pool(8192).unwrap();
         let refused = copy(&mut pool, 4096).unwrap_err();
         assert!(refused.to_string().contains("not waited for"), "{refused}");
+        // SAFETY: the pool is 8192 bytes long, and nothing else uses it.
+        let early = unsafe { std::slice::from_raw_parts_mut(pool.as_mut_ptr(), 8192) };
+        early.fill(7);
         pool.wait_ready(0, 8192).unwrap();
+        // SAFETY: as above, now that it is ready.
+        let bytes = unsafe { std::slice::from_raw_parts(pool.as_mut_ptr(), 8192) };
+        assert_eq!((bytes[0], bytes[4096], bytes[1]), (SCRIBBLE, SCRIBBLE, 7));
         copy(&mut pool, 4096).unwrap();
         let mut plain = dev.alloc_staging(8192).unwrap();
         copy(&mut plain, 0).unwrap();
