@@ -11,7 +11,8 @@
 // Pinning: cuMemHostAlloc of 32 x 4 MiB from one thread, of 2 x 4 MiB from
 // each of 16 threads at once, of one 128 MiB block; cuMemHostRegister of
 // memory already touched. A staging pool's block (128 MiB on huge pages):
-// made present by 8 threads, registered in one call or in pieces of 16
+// made present by 8 threads (MADV_POPULATE_WRITE, or a write per page),
+// registered in one call or in pieces of 16
 // MiB (when each piece is ready), and whether host-to-device copies on
 // another thread slow down while it is registered, or device allocations
 // (cuMemAlloc) while it is made present or registered.
