@@ -154,6 +154,17 @@ impl PinnedPieces {
         }
     }
 
+    /// Whether a registration failed: the pieces after it are never
+    /// registered.
+    pub fn has_failed(&self) -> bool {
+        let state = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.failed.is_some()
+    }
+
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr
     }

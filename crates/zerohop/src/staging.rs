@@ -98,10 +98,14 @@ impl StagingPool {
 
     /// Allocates the slots' block unless it is already; returns the seconds
     /// that took (0 when it was already allocated). The device may still be
-    /// pinning it on return: each slot is waited for before its first copy.
+    /// pinning it on return: each slot is waited for before its first use.
+    /// A block whose pinning failed (which failed the transfer that met
+    /// it) is dropped and allocated anew, so a later transfer may succeed.
     pub fn allocate(&mut self, device: &dyn Device) -> Result<f64> {
-        if self.block.is_some() {
-            return Ok(0.0);
+        match &self.block {
+            Some(b) if b.has_failed() => self.block = None,
+            Some(_) => return Ok(0.0),
+            None => {}
         }
         let t = Instant::now();
         let bytes = self.config.slot_count() * self.config.slot_bytes;

@@ -371,6 +371,28 @@ fn failed_copies_and_out_of_memory_are_errors() {
     assert_eq!(e.kind(), ErrorKind::OutOfMemory, "{e}");
 }
 
+/// A staging pool whose pinning failed fails the load that met it, with
+/// the device's error, and is made again by the next load, which arrives
+/// exactly.
+#[test]
+fn a_pool_that_failed_to_pin_is_made_again() {
+    let dir = TestDir::new("pool-fails");
+    let data = pattern(300_000, 6);
+    let path = write(&dir.path("f"), &data);
+    let dev = sim_with(
+        50,
+        SimConfig {
+            failing_pools: 1,
+            ..SimConfig::default()
+        },
+    );
+    let engine = Engine::new(dev, config(8192, 6, 3, DirectIo::Never, HotRoute::Staged)).unwrap();
+    let e = engine.load_files(&[&path], None).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Device, "{e}");
+    assert!(e.to_string().contains("pin the staging pool"), "{e}");
+    load_exact(&engine, &path, &data);
+}
+
 /// The engine makes its copy queues up front and loads keep them: loads
 /// make none, and a load after a failed one still arrives exactly (a queue
 /// is kept only once idle).

@@ -254,6 +254,9 @@ impl StagingMemory for PinnedPool {
     fn is_ready(&self, offset: usize, len: usize) -> bool {
         self.0.is_pinned(offset, len)
     }
+    fn has_failed(&self) -> bool {
+        self.0.has_failed()
+    }
 }
 
 struct PinnedStaging(PinnedBuffer);

@@ -75,6 +75,13 @@ pub trait StagingMemory: Send + Sync {
         let _ = (offset, len);
         true
     }
+
+    /// Whether making the memory ready failed: what is not ready yet never
+    /// will be (`wait_ready` returns the error), so its owner allocates
+    /// anew rather than keep it.
+    fn has_failed(&self) -> bool {
+        false
+    }
 }
 
 /// A completion marker for copies queued before it.

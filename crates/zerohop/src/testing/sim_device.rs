@@ -37,6 +37,10 @@ pub struct SimConfig {
     pub memory_limit: Option<u64>,
     /// Refuse to pin host memory, as a driver may for some mappings.
     pub refuse_pin: bool,
+    /// The first this many staging pools (`alloc_staging_pool`) fail to
+    /// pin: no range of them is ever ready, and waiting for one fails, as
+    /// with a pool whose registration the driver refused.
+    pub failing_pools: u64,
     /// Have no checksum kernel, as a device where it cannot load: callers
     /// hash on the host instead.
     pub no_checksum_kernel: bool,
@@ -114,6 +118,8 @@ pub struct SimDevice {
     accepted: Arc<AtomicU64>,
     /// Queues made so far.
     queues_made: AtomicU64,
+    /// Staging pools made so far; numbers them for `failing_pools`.
+    pools_made: AtomicU64,
     /// Framework streams waited for, in order (the simulation has no
     /// streams of its own to wait on; tests check the engine asked).
     stream_waits: Mutex<Vec<u64>>,
@@ -144,6 +150,7 @@ impl SimDevice {
             enqueued: Arc::default(),
             accepted: Arc::default(),
             queues_made: AtomicU64::new(0),
+            pools_made: AtomicU64::new(0),
             stream_waits: Mutex::default(),
             // CUDA's default.
             thread_stack: AtomicU64::new(1024),
@@ -240,16 +247,26 @@ impl StagingMemory for HostAlloc {
 /// a slow synchronous copy (or, into it, not at all); and a range's bytes
 /// are scribbled on as it becomes ready, as a GPU's pool writes each page
 /// it makes present, so bytes put there before the wait do not survive.
-struct StagingPoolAlloc(HostAlloc);
+struct StagingPoolAlloc {
+    alloc: HostAlloc,
+    /// Its pinning fails (see `SimConfig::failing_pools`).
+    failing: bool,
+}
 
 impl StagingMemory for StagingPoolAlloc {
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.0.mem.as_mut_ptr()
+        self.alloc.mem.as_mut_ptr()
     }
     fn len(&self) -> usize {
-        self.0.mem.len()
+        self.alloc.mem.len()
     }
     fn wait_ready(&self, offset: usize, len: usize) -> Result<()> {
+        if self.failing {
+            return Err(Error::new(
+                ErrorKind::Device,
+                "injected failure to pin the staging pool",
+            ));
+        }
         self.answer(offset + len, true);
         Ok(())
     }
@@ -257,7 +274,10 @@ impl StagingMemory for StagingPoolAlloc {
     /// about: asking lets the simulated pinning catch up to it, so
     /// pipelines meet both answers.
     fn is_ready(&self, offset: usize, len: usize) -> bool {
-        self.answer(offset + len, false)
+        !self.failing && self.answer(offset + len, false)
+    }
+    fn has_failed(&self) -> bool {
+        self.failing
     }
 }
 
@@ -266,23 +286,23 @@ impl StagingPoolAlloc {
     /// `wait`); where it may, and was not granted before, its bytes are
     /// scribbled on first.
     fn answer(&self, end: usize, wait: bool) -> bool {
-        let mut reg = self.0.registry.lock().unwrap();
+        let mut reg = self.alloc.registry.lock().unwrap();
         let pool = reg
             .pool_ready
-            .get_mut(&self.0.mem.addr())
+            .get_mut(&self.alloc.mem.addr())
             .expect("registered while the pool lives");
         let end = end as u64;
         if !wait && pool.asked < end {
             pool.asked = end;
             return false;
         }
-        let to = (end as usize).min(self.0.mem.len());
+        let to = (end as usize).min(self.alloc.mem.len());
         for at in (pool.granted as usize..to).step_by(SCRIBBLE_STRIDE) {
             // SAFETY: `at` lies inside the pool, in a range whose use was
             // never granted, which by the `StagingMemory` contract nobody
             // uses yet; whoever uses it asks the registry first, whose lock
             // is held here.
-            unsafe { ((self.0.mem.addr() as usize + at) as *mut u8).write_volatile(SCRIBBLE) };
+            unsafe { ((self.alloc.mem.addr() as usize + at) as *mut u8).write_volatile(SCRIBBLE) };
         }
         pool.asked = pool.asked.max(end);
         pool.granted = pool.granted.max(end);
@@ -296,8 +316,8 @@ const SCRIBBLE: u8 = 0xA5;
 
 impl Drop for StagingPoolAlloc {
     fn drop(&mut self) {
-        let mut reg = self.0.registry.lock().unwrap();
-        reg.pool_ready.remove(&self.0.mem.addr());
+        let mut reg = self.alloc.registry.lock().unwrap();
+        reg.pool_ready.remove(&self.alloc.mem.addr());
     }
 }
 
@@ -344,7 +364,8 @@ impl Device for SimDevice {
             .unwrap()
             .pool_ready
             .insert(alloc.mem.addr(), PoolProgress::default());
-        Ok(Box::new(StagingPoolAlloc(alloc)))
+        let failing = self.pools_made.fetch_add(1, Ordering::SeqCst) < self.config.failing_pools;
+        Ok(Box::new(StagingPoolAlloc { alloc, failing }))
     }
 
     fn new_queue(&self) -> Result<Box<dyn CopyQueue>> {
