@@ -2,6 +2,7 @@
 server (s3s-fs, which scripts/test.sh installs and names in
 ZEROHOP_S3_SERVER) started here on the loopback address."""
 
+import itertools
 import os
 import shutil
 import socket
@@ -16,12 +17,23 @@ np = pytest.importorskip("numpy")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 KEY_ID, SECRET, BUCKET = "zerohop-test", "zerohop-test-secret", "models"
+_ports = itertools.count()
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range (32768 on),
+    which no outgoing connection or bind to port 0 takes before the server
+    binds it; from a base of this process's own."""
+    base = 10_000 + os.getpid() % 200 * 100
+    for _ in range(100):
+        port = base + next(_ports) % 100
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {base}..{base + 100}")
 
 
 @pytest.fixture
@@ -47,6 +59,9 @@ def bucket(tmp_path, monkeypatch):
         except OSError:
             assert time.time() < deadline, "the S3 server did not start"
             time.sleep(0.02)
+    # What answered is this server, not a listener that had the port first.
+    time.sleep(0.02)
+    assert server.poll() is None, f"the S3 server exited ({server.returncode}): port {port} taken?"
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")

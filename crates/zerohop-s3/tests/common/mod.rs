@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerohop::staging::StagingConfig;
@@ -87,12 +87,21 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("start the S3 server");
-        self.child = Some(child);
+        let child = self.child.insert(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(Instant::now() < deadline, "the S3 server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // What answered is this server, not a listener that took the port
+        // first (the server would then have exited, unable to bind it).
+        std::thread::sleep(Duration::from_millis(20));
+        let exited = child.try_wait().expect("the S3 server's status");
+        assert!(
+            exited.is_none(),
+            "the S3 server exited ({exited:?}): port {} taken?",
+            self.port
+        );
     }
 
     /// Kills the server process at once (SIGKILL).
@@ -143,12 +152,21 @@ pub fn config_for(endpoint: &str) -> S3Config {
     }
 }
 
+/// A free loopback port for a server to bind later: one below the kernel's
+/// ephemeral range (32768 on), which neither `bind` to port 0 nor an
+/// outgoing connection ever takes meanwhile, as they could a port that
+/// `bind` to port 0 handed out and gave back. Each test process counts from
+/// a base of its own, so concurrent ones seldom try the same ports.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 10_000 + (std::process::id() % 200) as u16 * 100;
+    for _ in 0..100 {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 100;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {base}..{}", base + 100);
 }
 
 /// What the proxy does to the connections it accepts next.
