@@ -258,3 +258,44 @@ def test_matrix_measures_the_build_before_from_its_own_directory(tmp_path, matri
         out.stdout
     for other in ("safetensors", "torch.save", "raw-"):
         assert f"save_file four {other}" not in out.stdout, out.stdout
+
+
+CHART = BENCH / "chart.py"
+
+
+def test_chart_draws_one_run_of_the_ledger(tmp_path):
+    """bench/chart.py draws the newest matrix run of the commit asked for
+    (and only its figures): a bar per tool and shape at its best GB/s, the
+    H2D line for loads; a commit with no run is a clear error."""
+    def line(commit, command, figure, value):
+        return json.dumps({"date": "2026-12-03", "commit": commit, "machine": "m", "command": command,
+                           "figure": figure, "value": value})
+    old, new = "python3 bench/matrix.py --ops load_file", "python3 bench/matrix.py --ops load_file --rounds 2"
+    ledger = tmp_path / "results.jsonl"
+    ledger.write_text("\n".join([
+        line("abc1234", old, "load_file one zerohop GB/s (best of 1)", 10.0),
+        line("abc1234", new, "pinned host-to-device copies GB/s (best of 5)", 50.0),
+        line("abc1234", new, "load_file one zerohop GB/s (best of 2)", 40.0),
+        line("abc1234", new, "load_file one zerohop GB/s (median of 2)", 38.0),
+        line("abc1234", new, "load_file one instanttensor GB/s (best of 2)", 30.0),
+        line("abc1234", new, "load_file small-fp8 zerohop GB/s (best of 2)", 36.0),
+        line("abc1234", new, "load_file zerohop worst shape / best shape", 0.9),
+        line("fff0000", new, "load_file one zerohop GB/s (best of 2)", 99.0),
+    ]) + "\n")
+    svg = tmp_path / "chart.svg"
+    out = subprocess.run([sys.executable, str(CHART), "--ledger", str(ledger), "--commit", "abc1234",
+                          "--out", str(svg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    import xml.etree.ElementTree as ET
+    root = ET.parse(svg).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    bars = [(r.get("data-tool"), float(r.get("height"))) for r in root.iter(ns + "rect") if r.get("class") == "bar"]
+    assert sorted(t for t, _ in bars) == ["instanttensor", "zerohop", "zerohop"], bars
+    heights = dict((t, h) for t, h in bars if t == "instanttensor")
+    zerohop_one = max(h for t, h in bars if t == "zerohop")
+    assert abs(zerohop_one / heights["instanttensor"] - 40 / 30) < 0.01, "bars are to scale"
+    texts = " ".join(t.text or "" for t in root.iter(ns + "text"))
+    assert "pinned H2D 50.0" in texts and "abc1234" in texts and "99.0" not in texts and "10.0" not in texts
+    out = subprocess.run([sys.executable, str(CHART), "--ledger", str(ledger), "--commit", "0000000",
+                          "--out", str(svg)], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "no matrix run of commit 0000000" in out.stderr
