@@ -27,18 +27,15 @@ fn populate_threads() -> usize {
 /// then its bytes are not the owner's to use (making a page present writes
 /// a zero into it).
 ///
-/// Why: on the H200 machine, making a staging pool of 128 MiB present took
-/// 9 - 27 ms even on 8 threads, and registering it 2.6 - 5 ms, all before
-/// a first load's first copy; a registration stops every copy of the
-/// process while it runs (8 x 16 MiB: 3.1 - 5.2 ms in all, the first piece
-/// ready after 0.5 - 0.8 ms). In pieces, in order, the first copies wait
-/// only for the first piece: a first load's workers waited about 7 ms each,
-/// where making the whole pool present first held every one 10 - 16 ms
-/// (the load as a whole ran at the same rate: the helpers take CPU from the
-/// workers). Pages are made present by faults ([`populate`]): 128 MiB in
-/// 4.5 - 5.5 ms on 8 threads where `MADV_POPULATE_WRITE` took 25 - 29 ms,
-/// and another thread's `mmap` (a framework allocating device memory)
-/// runs meanwhile.
+/// Why: on the H200 machine, making a staging pool of 128 MiB present takes
+/// 4.5 - 5.5 ms on 8 threads, by faults ([`populate`]; another thread's
+/// `mmap`, a framework allocating device memory, runs meanwhile), and
+/// registering it 2.6 - 5 ms, all before a first load's first copy; a
+/// registration stops every copy of the process while it runs (8 x 16 MiB:
+/// 3.1 - 5.2 ms in all, the first piece ready after 0.5 - 0.8 ms). In
+/// pieces, in order, the first copies wait only for the first pieces: a
+/// first load that pinned its own pool (`ZEROHOP_PREPARE=0`) had its 16
+/// workers wait 47 - 50 ms in all, about 3 ms each.
 #[derive(Debug)]
 pub struct PinnedPieces {
     shared: Arc<Shared>,
