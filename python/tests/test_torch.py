@@ -270,6 +270,30 @@ def test_many_tensors_load_exactly_while_their_views_are_made(tmp_path, monkeypa
         assert bits(loaded[name]) == bits(t), name
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_checkpoint_loads_into_shared_blocks_exactly(tmp_path, monkeypatch, device):
+    """checkpoint.load allocates as load_file does: on a GPU (and here on
+    the CPU, told to) small tensors share blocks, and every byte and the
+    structure come back; restore_into into such tensors works too."""
+    if device == "cpu":
+        monkeypatch.setattr(zerohop._buffers, "shares_blocks", lambda framework, device: framework == "pt")
+    tensors = {k: v.to(device) for k, v in many_tensors().items()}
+    state = {"layers": list(tensors.values()), "named": {"first": tensors["t0"]}, "step": 7}
+    checkpoint.save(state, tmp_path / "ck")
+    loaded = checkpoint.load(tmp_path / "ck")
+    assert loaded["step"] == 7 and len(loaded["layers"]) == len(tensors)
+    for got, want in zip(loaded["layers"], tensors.values()):
+        assert got.device == want.device and got.dtype == want.dtype and got.shape == want.shape
+        assert bits(got) == bits(want)
+    assert bits(loaded["named"]["first"]) == bits(tensors["t0"])
+    storages = {t.untyped_storage().data_ptr() for t in loaded["layers"]}
+    assert len(storages) < len(tensors) // 4, "small tensors share blocks"
+    for t in loaded["layers"]:
+        t.zero_()
+    checkpoint.restore_into(loaded, tmp_path / "ck")
+    assert all(bits(got) == bits(want) for got, want in zip(loaded["layers"], tensors.values()))
+
+
 def test_a_failed_read_of_many_tensors_raises_once_the_views_are_made(tmp_path, monkeypatch):
     monkeypatch.setattr(zerohop._buffers, "shares_blocks", lambda framework, device: framework == "pt")
     path = tmp_path / "m.safetensors"

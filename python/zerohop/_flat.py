@@ -149,15 +149,26 @@ def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, 
     frameworks: Dict[str, str] = {}
     _tensor_places(skeleton, devices, frameworks)
     target = _buffers.device_name(device) if device is not None else None
-    tensors: Dict[str, Any] = {}
-    for name, (dtype, shape, nbytes) in entries.items():
+    # The entries by where they go, allocated together: on a GPU, small
+    # ones share blocks, as a load_file's tensors do (one allocation each
+    # is a torch call, and often a driver one, per tensor).
+    groups: Dict[Tuple[str, str], List[str]] = {}
+    for name in entries:
         framework = frameworks.get(name, "pt" if _buffers._torch() is not None else "np")
         place = target or devices.get(name, "cpu")
         if framework == "np" and place.startswith("cuda"):
             framework = "pt"
         if framework == "np" and place == "sim":
             place = "cpu"
-        tensors[name] = _buffers.empty(framework, dtype or "U8", shape if shape is not None else [nbytes], place)
+        groups.setdefault((framework, place), []).append(name)
+    made: Dict[str, Any] = {}
+    for (framework, place), names in groups.items():
+        specs = []
+        for name in names:
+            dtype, shape, nbytes = entries[name]
+            specs.append((dtype or "U8", shape if shape is not None else [nbytes], nbytes))
+        made.update(zip(names, _buffers.allocate(framework, specs, place).tensors()))
+    tensors = {name: made[name] for name in entries}
     _restore(dir, {n: _buffers.describe(t, writable=True) for n, t in tensors.items()}, progress)
     return skeleton, tensors
 

@@ -56,7 +56,9 @@ def load(
     arrays for arrays saved from numpy, and for everything when torch is
     not installed), with the structure it was saved with.
     `device=None` puts each tensor where it was saved from; a device puts
-    them all there. Every chunk's checksum is checked on the way.
+    them all there. On a GPU, tensors under 1 GiB share blocks of up to
+    1 GiB, as `load_file`'s do (disjoint views of one allocation, freed
+    when all of them are). Every chunk's checksum is checked on the way.
 
     A checkpoint saved with `group=` is loaded with `group=` too, by every
     rank: each gets its own state back, its DTensors as DTensors; at
