@@ -53,7 +53,10 @@ def panel(op: str, shapes: dict, tools: list, color: dict, h2d, x0: int, y0: int
     """One operation's bars, in SVG elements, at (x0, y0)."""
     top = max([c.get("best", 0) for cols in shapes.values() for c in cols.values()] + [h2d or 0]) * 1.12 or 1
     plot_w, plot_h = PANEL_W - LEFT - 10, PANEL_H - TOP - BOTTOM
-    y_of = lambda v: y0 + TOP + plot_h - v / top * plot_h  # noqa: E731
+
+    def y_of(v: float) -> float:
+        return y0 + TOP + plot_h - v / top * plot_h
+
     out = [f'<text x="{x0 + LEFT}" y="{y0 + 22}" font-weight="bold">{escape(op)}</text>',
            f'<line x1="{x0 + LEFT}" y1="{y0 + TOP + plot_h}" x2="{x0 + LEFT + plot_w}" '
            f'y2="{y0 + TOP + plot_h}" stroke="#333"/>']
