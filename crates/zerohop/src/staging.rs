@@ -218,16 +218,18 @@ impl StagingShare<'_> {
         (0..self.count).rev().collect()
     }
 
-    /// Takes a slot off `free` (`None` where it is empty): the last one
-    /// the pool has pinned already where there is one (true), else the
-    /// last one.
-    pub fn take(&self, free: &mut Vec<usize>) -> Option<(usize, bool)> {
+    /// Takes a slot off `free`: the last one the pool has pinned already
+    /// where there is one; else, where the worker has no copy in flight
+    /// (`idle`), the last one. `None`: the worker finishes its oldest copy
+    /// first, which frees a pinned slot sooner than the pool pins another.
+    pub fn take(&self, free: &mut Vec<usize>, idle: bool) -> Option<usize> {
         let pinned = free
             .iter()
             .rposition(|&s| self.block.is_ready(self.offset(s), self.slot_bytes));
         match pinned {
-            Some(k) => Some((free.remove(k), true)),
-            None => free.pop().map(|s| (s, false)),
+            Some(k) => Some(free.remove(k)),
+            None if idle => free.pop(),
+            None => None,
         }
     }
 }

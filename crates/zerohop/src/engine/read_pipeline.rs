@@ -338,14 +338,9 @@ fn stage(
     win: &Window,
 ) -> Result<()> {
     let file = &job.files[win.file];
-    // A free slot the pool is still pinning is taken only when no copy is
-    // in flight: the oldest copy frees a pinned one sooner.
     let slot = loop {
-        if let Some((slot, pinned)) = w.slots.take(free) {
-            if pinned || pending.is_empty() {
-                break slot;
-            }
-            free.push(slot);
+        if let Some(slot) = w.slots.take(free, pending.is_empty()) {
+            break slot;
         }
         wait_oldest(pending, free, &mut moved.profile)?;
     };

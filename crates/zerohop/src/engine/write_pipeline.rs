@@ -95,14 +95,9 @@ fn work(
     while result.is_ok() && !abort.load(Ordering::Relaxed) {
         let i = next.fetch_add(1, Ordering::Relaxed);
         let Some(win) = job.windows.get(i) else { break };
-        // A free slot the pool is still pinning is taken only when no
-        // window is in flight: finishing the oldest frees a pinned one.
         let slot = loop {
-            if let Some((slot, pinned)) = w.slots.take(&mut free) {
-                if pinned || pending.is_empty() {
-                    break Some(slot);
-                }
-                free.push(slot);
+            if let Some(slot) = w.slots.take(&mut free, pending.is_empty()) {
+                break Some(slot);
             }
             let oldest = pending
                 .pop_front()
