@@ -17,7 +17,9 @@ its views, next to variants that change one thing:
 - `prepared`: `zerohop.prepare()` called, and half a second for the
   pinning it started, before the clock (a program that prepares while it
   builds its model): the load with no setup of its own and nothing
-  running beside it.
+  running beside it;
+- `import-inside`: `import zerohop` inside the clock, as bench/matrix.py
+  times it (`imported` marks its end).
 
     python3 bench/probe/load_timeline.py /dev/shm/model.safetensors [--runs 5] [--variants load_file,...]
 """
@@ -35,17 +37,19 @@ import tempfile
 import threading
 import time
 
-VARIANTS = ("load_file", "no-prepare", "views-after", "one-alloc", "prepared")
+VARIANTS = ("load_file", "no-prepare", "views-after", "one-alloc", "prepared", "import-inside")
 
 
-def child(path: str, variant: str, warm: bool) -> dict:
+def instrument(marks: dict, stats: dict, warm: bool, variant: str) -> float:
+    """Imports zerohop, does what `variant` does before the clock, and
+    wraps the engine's read and the allocation to mark their times in
+    `marks` (the read's statistics into `stats`); returns the time it is
+    done."""
     import torch
-
-    torch.zeros(1, device="cuda:0")
-    torch.cuda.synchronize()
     import zerohop
     from zerohop import _buffers, _native, _safetensors
 
+    now = time.perf_counter
     if warm:
         with tempfile.TemporaryDirectory() as d:
             tiny = os.path.join(d, "tiny.safetensors")
@@ -57,9 +61,6 @@ def child(path: str, variant: str, warm: bool) -> dict:
     if variant == "prepared":
         zerohop.prepare("cuda:0")
         time.sleep(0.5)
-    marks: dict = {}
-    stats: dict = {}
-    now = time.perf_counter
 
     class TimedNative:
         def __getattr__(self, name):
@@ -92,10 +93,30 @@ def child(path: str, variant: str, warm: bool) -> dict:
 
     _safetensors._native = TimedNative()
     _buffers.allocate = allocate
-    size = os.path.getsize(path)
     if variant == "views-after":
         _safetensors._OVERLAP_MIN = 1 << 30
+    return now()
+
+
+def child(path: str, variant: str, warm: bool) -> dict:
+    import torch
+
+    torch.zeros(1, device="cuda:0")
+    torch.cuda.synchronize()
+    now = time.perf_counter
+    marks: dict = {}
+    stats: dict = {}
     start = now()
+    if variant != "import-inside":
+        start = instrument(marks, stats, warm, variant)
+    else:
+        instrument(marks, stats, warm, variant)
+        marks["imported"] = now()
+    import zerohop
+    from zerohop import _buffers, _native, _safetensors
+
+    size = os.path.getsize(path)
+
     if variant == "one-alloc":
         _, infos = _native.safetensors_header(path)
         marks["alloc_enter"] = now()
@@ -135,7 +156,7 @@ def child(path: str, variant: str, warm: bool) -> dict:
 
 
 def report(rows: list[dict]) -> None:
-    keys = ("alloc_enter", "alloc_exit", "read_enter", "views_enter", "views_exit", "read_exit", "returned", "synced", "touched")
+    keys = ("imported", "alloc_enter", "alloc_exit", "read_enter", "views_enter", "views_exit", "read_exit", "returned", "synced", "touched")
     for variant in VARIANTS:
         mine = [r for r in rows if r["variant"] == variant]
         if not mine:
@@ -163,6 +184,8 @@ def main() -> None:
         return
     rows = []
     variants = [v for v in VARIANTS if v in args.variants.split(",")]
+    if args.warm and "import-inside" in variants:
+        ap.error("--warm warms up after the import, which import-inside times")
     for run in range(args.runs):
         for variant in variants[run % len(variants):] + variants[: run % len(variants)]:
             env = dict(os.environ, ZEROHOP_PREPARE="0") if variant == "no-prepare" else None

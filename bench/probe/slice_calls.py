@@ -43,6 +43,7 @@ def main() -> None:
                                  for i in range(args.tensors)}, path)
     native_s: list = []
     engine_s: list = []
+    parts: list = []  # the engine's own account of each call
 
     class TimedNative:
         def __getattr__(self, name):
@@ -52,7 +53,10 @@ def main() -> None:
             t = time.perf_counter()
             out = _native.read(*a)
             native_s.append(time.perf_counter() - t)
-            engine_s.append(json.loads(out)["seconds"])
+            stats = json.loads(out)
+            engine_s.append(stats["seconds"])
+            parts.append({"route setup": stats["setup_seconds"], **{k: v for k, v in stats["profile"].items()
+                                                                   if k.endswith("_seconds")}})
             return out
 
     _safetensors._native = TimedNative()
@@ -72,6 +76,8 @@ def main() -> None:
           f" first {calls[0] * 1e6:.0f} us ({half / med(calls) / 1e9:.2f} GB/s at the median)")
     print(f"  native read median {med(native_s) * 1e6:.0f} us, of it the engine's transfer {med(engine_s) * 1e6:.0f} us;"
           f" Python around it {(med(calls) - med(native_s)) * 1e6:.0f} us")
+    print("  the engine's parts, median us: " + ", ".join(
+        f"{k.removesuffix('_seconds').replace('_', ' ')} {med(p[k] for p in parts) * 1e6:.0f}" for k in parts[0]))
 
     # The same bytes the way safetensors moves them: the mapping's slice,
     # copied by torch (pageable host memory).

@@ -218,6 +218,50 @@ fn copy_failure_fails_the_save() {
     assert_eq!(err.kind(), ErrorKind::Device, "{err}");
 }
 
+/// Saves take their copy queues from the engine's, as loads do: five saves
+/// make none, and a save after a failed copy still lands exactly (a queue
+/// is kept only once idle).
+#[test]
+fn saves_keep_the_engines_copy_queues() {
+    let dir = TestDir::new("write-queues");
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        fail_copy: Some(3),
+        max_copy_delay: Duration::from_micros(50),
+        ..Default::default()
+    }));
+    let dev: Arc<dyn Device> = sim.clone();
+    let config = EngineConfig {
+        staging: StagingConfig {
+            total_bytes: 8 * 4096,
+            slot_bytes: 4096,
+        },
+        io_threads: 2,
+        ..EngineConfig::default()
+    };
+    let e = Engine::new(dev, config).unwrap();
+    assert_eq!(sim.queues_made(), 2, "one per I/O thread");
+    let data = pattern(100_000, 6);
+    let b = upload(&e, &data);
+    let save = |name: &str| {
+        let files = vec![SinkFile::create_new(&dir.path(name), 100_000).unwrap()];
+        let mut plan = TransferPlan::new();
+        plan.add(&files, 0, 0, 100_000, &b, 0).unwrap();
+        e.write(&files, &plan, None, None).map(|_| ())
+    };
+    let err = save("failed").unwrap_err();
+    assert!(err.to_string().contains("injected copy failure"), "{err}");
+    for i in 0..5 {
+        save(&format!("f{i}")).unwrap();
+        assert_eq!(std::fs::read(dir.path(&format!("f{i}"))).unwrap(), data);
+    }
+    // The failed queue is dropped and replaced once; the rest are reused.
+    let made = sim.queues_made();
+    assert!(
+        (2..=3).contains(&made),
+        "saves reuse the queues: {made} made"
+    );
+}
+
 /// The safetensors writer's output loads back through the loader with the
 /// same names, types, shapes and bytes; a failed save leaves the old file.
 #[test]

@@ -47,7 +47,7 @@ pub struct Engine {
     /// `hot_choice_file`).
     hot_choice: Mutex<Option<HotChoice>>,
     hot_choice_key: String,
-    /// The read workers' copy queues, kept between loads.
+    /// The workers' copy queues, kept between transfers (loads and saves).
     queues: workers::QueuePool,
     /// Seconds the engine took to make, until its first transfer takes it.
     setup_seconds: Mutex<Option<f64>>,

@@ -20,9 +20,10 @@ pub(super) fn assert_fits(win: &Window, slot_bytes: usize) {
     );
 }
 
-/// Copy queues kept between loads. Making a queue (a CUDA stream) for every
-/// worker of every load, and destroying it after, put 32 driver calls in
-/// each load's start and end; the engine makes one per I/O thread up front.
+/// Copy queues kept between transfers, loads and saves alike. Making a
+/// queue (a CUDA stream) for every worker of every transfer, and destroying
+/// it after, put 32 driver calls in each one's start and end; the engine
+/// makes one per I/O thread up front.
 /// A queue is given back only with nothing in flight on it, so one taken
 /// from the pool is idle.
 pub(super) struct QueuePool {
@@ -47,7 +48,7 @@ impl QueuePool {
         }
     }
 
-    /// Keeps `queue` for a later load. `drained`: every copy queued on it
+    /// Keeps `queue` for a later transfer. `drained`: every copy queued on it
     /// is known to have completed (all its fences passed); otherwise it is
     /// waited for here, and a queue that cannot be waited for is dropped
     /// (its drop waits for what it can) rather than kept.

@@ -52,14 +52,13 @@ impl Engine {
         let staging_seconds = pool.allocate(self.device.as_ref())?;
         let shares = pool.worker_shares(self.config.io_threads.min(windows.len()), min_slots);
         let threads = shares.len();
-        let mut workers = Vec::with_capacity(threads);
-        for share in shares {
-            workers.push(WriteWorker {
-                slots: share,
-                queue: self.device.new_queue()?,
-            });
-        }
+        let workers = shares
+            .into_iter()
+            .map(|slots| WriteWorker { slots })
+            .collect();
         let job = WriteJob {
+            device: self.device.as_ref(),
+            queues: &self.queues,
             files,
             maps: match self.writer.allows_mapped_writes() {
                 true => write_mappings(files, threads),

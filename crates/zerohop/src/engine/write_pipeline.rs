@@ -4,8 +4,8 @@
 //! fence behind those copies has passed, so copies and writes overlap (a
 //! worker keeps up to its slot count in flight, and workers run in parallel).
 
-use super::workers::{assert_fits, run_workers, Progress};
-use crate::device::{CopyQueue, Fence};
+use super::workers::{assert_fits, run_workers, Progress, QueuePool};
+use crate::device::{CopyQueue, Device, Fence};
 use crate::plan::Window;
 use crate::staging::StagingShare;
 use crate::stats::WorkerProfile;
@@ -48,6 +48,9 @@ impl Written {
 }
 
 pub(super) struct WriteJob<'a> {
+    pub device: &'a dyn Device,
+    /// Where each worker takes its copy queue from, and gives it back.
+    pub queues: &'a QueuePool,
     pub files: &'a [SinkFile],
     /// Per file, the mapping its windows are copied into, if any.
     pub maps: Vec<Option<WriteMapping>>,
@@ -59,7 +62,12 @@ pub(super) struct WriteJob<'a> {
 
 pub(super) struct WriteWorker<'s> {
     pub slots: StagingShare<'s>,
-    pub queue: Box<dyn CopyQueue>,
+}
+
+/// A worker with its copy queue, taken on its own thread.
+struct Equipped<'s> {
+    slots: StagingShare<'s>,
+    queue: Box<dyn CopyQueue>,
 }
 
 /// Runs `job` on `workers`. Either every window was written (or skipped by
@@ -85,9 +93,13 @@ fn work(
     job: &WriteJob<'_>,
     next: &AtomicUsize,
     abort: &AtomicBool,
-    mut w: WriteWorker<'_>,
+    w: WriteWorker<'_>,
 ) -> Result<Written> {
     let started = Instant::now();
+    let mut w = Equipped {
+        slots: w.slots,
+        queue: job.queues.take(job.device)?,
+    };
     let mut out = Written::default();
     let mut free = w.slots.all_free();
     let mut pending: VecDeque<InFlight> = VecDeque::new();
@@ -130,12 +142,14 @@ fn work(
         };
     }
     out.profile.worker_seconds = started.elapsed().as_secs_f64();
+    // After an error a copy may still be queued: the pool waits for it.
+    job.queues.give_back(w.queue, result.is_ok());
     result.map(|()| out)
 }
 
 /// Queues `win`'s device-to-host copies into `slot` and returns their fence.
 fn queue_window(
-    w: &mut WriteWorker<'_>,
+    w: &mut Equipped<'_>,
     slot: usize,
     win: &Window,
     profile: &mut WorkerProfile,
@@ -174,12 +188,7 @@ fn wait(fence: &dyn Fence, profile: &mut WorkerProfile) -> Result<()> {
 /// Waits for a window's copies, then writes what the filter keeps: to a
 /// local file, those ranges; to a remote object, the whole part, unless
 /// the filter keeps none of it.
-fn finish(
-    job: &WriteJob<'_>,
-    w: &mut WriteWorker<'_>,
-    f: &InFlight,
-    out: &mut Written,
-) -> Result<()> {
+fn finish(job: &WriteJob<'_>, w: &mut Equipped<'_>, f: &InFlight, out: &mut Written) -> Result<()> {
     wait(&*f.fence, &mut out.profile)?;
     let win = &job.windows[f.window];
     let file = &job.files[win.file];
