@@ -27,6 +27,7 @@ its views, next to variants that change one thing:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import mmap
 import os
@@ -106,6 +107,18 @@ def child(path: str, variant: str, warm: bool) -> dict:
     now = time.perf_counter
     marks: dict = {}
     stats: dict = {}
+    # The interpreter's cycle collections inside the clock: a full one walks
+    # every object torch made (tens of ms).
+    collected: list = []
+    gc_began: list = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_began.append(now())
+        elif gc_began:
+            collected.append((info["generation"], (now() - gc_began.pop()) * 1e3))
+
+    gc.callbacks.append(on_gc)
     start = now()
     if variant != "import-inside":
         start = instrument(marks, stats, warm, variant)
@@ -137,6 +150,7 @@ def child(path: str, variant: str, warm: bool) -> dict:
         for at in range(0, 256 << 10, mmap.PAGESIZE):
             m[at] = 1
     marks["touched"] = now()
+    gc.callbacks.remove(on_gc)
     rel = {k: (v - start) * 1e3 for k, v in marks.items() if isinstance(v, float)}
     return {
         "variant": variant,
@@ -151,6 +165,8 @@ def child(path: str, variant: str, warm: bool) -> dict:
         "staging_ms": stats.get("staging_seconds", 0) * 1e3,
         "staging_wait_ms": stats.get("profile", {}).get("staging_wait_seconds", 0) * 1e3,
         "notes": stats.get("notes", []),
+        "gc_ms": sum(ms for _, ms in collected),
+        "gc_full": sum(1 for gen, _ in collected if gen == 2),
         "engine_gbps": stats.get("gbps"),
     }
 
@@ -167,7 +183,7 @@ def report(rows: list[dict]) -> None:
             got = [r["ms"][k] for r in mine if k in r["ms"]]
             if got:
                 print(f"    {k:12s} at {statistics.median(got):7.2f} ms (median; min {min(got):.2f})")
-        for k in ("engine_ms", "route_setup_ms", "engine_setup_ms", "worker_start_ms", "staging_ms", "staging_wait_ms"):
+        for k in ("gc_ms", "engine_ms", "route_setup_ms", "engine_setup_ms", "worker_start_ms", "staging_ms", "staging_wait_ms"):
             print(f"    {k:16s} {statistics.median(r[k] for r in mine):7.2f} ms (median)")
 
 
@@ -199,7 +215,8 @@ def main() -> None:
             print(f"run {run} {variant:10s} {row['gbps']:6.2f} GB/s  engine {row['engine_ms']:.1f} ms"
                   f" ({row['engine_gbps']:.2f} GB/s) engine setup {row['engine_setup_ms']:.1f} ms,"
                   f" route setup {row['route_setup_ms']:.1f} ms, staging {row['staging_ms']:.1f} ms"
-                  f" (workers waited {row['staging_wait_ms']:.1f} ms for it, summed)  "
+                  f" (workers waited {row['staging_wait_ms']:.1f} ms for it, summed),"
+                  f" gc {row['gc_ms']:.1f} ms ({row['gc_full']} full)  "
                   + " ".join(f"{k}={v:.1f}" for k, v in row["ms"].items()) + f"  notes {row['notes']}",
                   flush=True)
             rows.append(row)
