@@ -250,3 +250,43 @@ def test_raw_io_takes_any_dtype(tmp_path):
     assert path.read_bytes()[:20] == be.tobytes()
     with pytest.raises(ValueError):
         zerohop.write_from(np.array([object()]), path)
+
+
+def test_bulk_calls_pause_the_cycle_collector_and_restore_it(tmp_path, rng):
+    """load_file, save_file and the checkpoint calls run with the cycle
+    collector off (a full collection inside them costs tens of ms), and
+    leave it as they found it, on or off, errors included."""
+    import gc
+
+    import zerohop.checkpoint
+
+    tensors = {"a": rng.integers(0, 256, size=5000, dtype=np.uint8)}
+    path, ckpt = str(tmp_path / "m.safetensors"), str(tmp_path / "c")
+    seen = []
+
+    def progress(done, total):
+        seen.append(gc.isenabled())
+
+    calls = [
+        lambda: zerohop.save_file(tensors, path, progress=progress),
+        lambda: zerohop.load_file(path, progress=progress),
+        lambda: zerohop.checkpoint.save(tensors, ckpt, progress=progress),
+        lambda: zerohop.checkpoint.load(ckpt, progress=progress),
+        lambda: zerohop.checkpoint.restore_into(tensors, ckpt, progress=progress),
+    ]
+    assert gc.isenabled()
+    try:
+        for call in calls:
+            seen.clear()
+            call()
+            assert seen and not any(seen), "the collector ran during the call"
+            assert gc.isenabled(), "the collector is back on after it"
+        gc.disable()
+        zerohop.load_file(path)
+        assert not gc.isenabled(), "a collector turned off stays off"
+        gc.enable()
+        with pytest.raises(FileNotFoundError):
+            zerohop.load_file(str(tmp_path / "missing.safetensors"))
+        assert gc.isenabled(), "an error restores it too"
+    finally:
+        gc.enable()

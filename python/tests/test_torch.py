@@ -243,15 +243,15 @@ def test_tensors_in_shared_blocks_load_exactly(tmp_path, monkeypatch):
 
 
 def many_tensors():
-    """More tensors than `_OVERLAP_MIN`: loads make their views while the
+    """More tensors than `_buffers.OVERLAP_MIN`: loads make their views while the
     engine reads."""
     g = torch.Generator().manual_seed(5)
     dtypes = [torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int64]
     out = {
         f"t{i}": torch.randn(3 + i % 5, 64 + i, generator=g).to(dtypes[i % len(dtypes)])
-        for i in range(zerohop._safetensors._OVERLAP_MIN + 36)
+        for i in range(zerohop._buffers.OVERLAP_MIN + 36)
     }
-    assert len(out) >= zerohop._safetensors._OVERLAP_MIN
+    assert len(out) >= zerohop._buffers.OVERLAP_MIN
     return out
 
 

@@ -5,7 +5,8 @@ the framework that will own them."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+import threading
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _native
 
@@ -320,6 +321,41 @@ class Allocation:
 
     def tensors(self) -> List[Any]:
         return self._make()
+
+
+# From this many tensors on, a load makes the tensors' views while the
+# engine fills their memory (a thread costs about 0.1 ms; views about 5 µs
+# each on the H200 machine).
+OVERLAP_MIN = 64
+
+
+def tensors_while(fill: Callable[[], Any], memories: Sequence[Allocation]) -> List[List[Any]]:
+    """The tensors of each of `memories`, made while `fill()` fills their
+    memory: on a thread of its own (a native call that lets go of the GIL)
+    when there are `OVERLAP_MIN` tensors or more, else before making them.
+    Returned once `fill` is done; its error is raised first."""
+    if sum(len(m.addresses) for m in memories) < OVERLAP_MIN:
+        fill()
+        return [m.tensors() for m in memories]
+    failed: List[BaseException] = []
+
+    def run(keep: Sequence[Allocation]) -> None:
+        # `keep` holds the memory until the fill is over, even if the
+        # caller stops waiting (Ctrl-C) and drops it.
+        try:
+            fill()
+        except BaseException as e:  # re-raised by the caller
+            failed.append(e)
+
+    filler = threading.Thread(target=run, args=(memories,), name="zerohop-load", daemon=True)
+    filler.start()
+    try:
+        tensors = [m.tensors() for m in memories]
+    finally:
+        filler.join()
+    if failed:
+        raise failed[0]
+    return tensors
 
 
 def allocate(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], device: str) -> Allocation:

@@ -161,15 +161,29 @@ def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, 
         if framework == "np" and place == "sim":
             place = "cpu"
         groups.setdefault((framework, place), []).append(name)
-    made: Dict[str, Any] = {}
+    allocated = []
     for (framework, place), names in groups.items():
         specs = []
         for name in names:
             dtype, shape, nbytes = entries[name]
             specs.append((dtype or "U8", shape if shape is not None else [nbytes], nbytes))
-        made.update(zip(names, _buffers.allocate(framework, specs, place).tensors()))
-    tensors = {name: made[name] for name in entries}
-    _restore(dir, {n: _buffers.describe(t, writable=True) for n, t in tensors.items()}, progress)
+        allocated.append((names, place, _buffers.allocate(framework, specs, place)))
+    # The simulated device's tensors are host memory: restored as such.
+    devices_used = {place if place.startswith("cuda") else "cpu" for _, place, _ in allocated}
+    memories = [memory for _, _, memory in allocated]
+    if len(devices_used) == 1:
+        # One engine call, the tensors' views made while it fills them.
+        device = devices_used.pop()
+        targets = [(name, addr, entries[name][2]) for names, _, memory in allocated
+                   for name, addr in zip(names, memory.addresses)]
+        made = _buffers.tensors_while(lambda: _native.checkpoint_restore(
+            device, os.fspath(dir), targets, _buffers.current_stream(device), progress), memories)
+    else:
+        made = [memory.tensors() for memory in memories]
+    by_name = {name: t for (names, _, _), ts in zip(allocated, made) for name, t in zip(names, ts)}
+    tensors = {name: by_name[name] for name in entries}
+    if len(devices_used) > 1:
+        _restore(dir, {n: _buffers.describe(t, writable=True) for n, t in tensors.items()}, progress)
     return skeleton, tensors
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import operator
 import os
-import threading
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _buffers, _native
+from ._calls import without_cycle_collection
 
 PathLike = Union[str, "os.PathLike[str]"]
 Progress = Any  # False/None, True (a line on stderr), or a callable(done, total)
@@ -33,12 +33,6 @@ def _headers(paths: Sequence[str]) -> Tuple[Optional[Dict[str, str]], Dict[str, 
                 raise ValueError(f"tensor {name!r} is in both {paths[tensors[name].file]} and {path}")
             tensors[name] = _Tensor(i, name, dtype, shape, begin, end)
     return metadata, tensors
-
-
-# From this many tensors on, a load makes the tensors' views while the
-# engine fills their memory (a thread costs about 0.1 ms; views about 5 µs
-# each on the H200 machine).
-_OVERLAP_MIN = 64
 
 
 def _load(
@@ -67,41 +61,14 @@ def _load(
             pieces.append([t.file, t.begin, n, addr])
         last_block = block
     args = (device, sources, [tuple(p) for p in pieces], _buffers.current_stream(device), progress)
-    if not pieces:
-        tensors = memory.tensors()
-    elif len(wanted) < _OVERLAP_MIN:
-        _native.read(*args)
-        tensors = memory.tensors()
+    if pieces:
+        tensors = _buffers.tensors_while(lambda: _native.read(*args), [memory])[0]
     else:
-        tensors = _while_reading(args, memory)
+        tensors = memory.tensors()
     return {t.name: x for t, x in zip(wanted, tensors)}
 
 
-def _while_reading(args: Tuple[Any, ...], memory: "_buffers.Allocation") -> List[Any]:
-    """`memory`'s tensors, made while a thread of its own runs the engine's
-    read (`_native.read(*args)`, which lets go of the GIL) into it; returned
-    once the read is done, whose error is raised first."""
-    failed: List[BaseException] = []
-
-    def read(keep: "_buffers.Allocation") -> None:
-        # `keep` holds the memory until the read is over, even if the
-        # caller stops waiting (Ctrl-C) and drops it.
-        try:
-            _native.read(*args)
-        except BaseException as e:  # re-raised by the caller
-            failed.append(e)
-
-    reader = threading.Thread(target=read, args=(memory,), name="zerohop-load", daemon=True)
-    reader.start()
-    try:
-        tensors = memory.tensors()
-    finally:
-        reader.join()
-    if failed:
-        raise failed[0]
-    return tensors
-
-
+@without_cycle_collection
 def load_file(
     filename: Union[PathLike, Sequence[PathLike]],
     device: Any = "cpu",
@@ -279,6 +246,7 @@ def _first_index(index: Any, ndim: int) -> Tuple[Any, Tuple[Any, ...]]:
     return first, tuple(parts[1:])
 
 
+@without_cycle_collection
 def save_file(
     tensors: Dict[str, Any],
     filename: PathLike,

@@ -15,9 +15,11 @@ import os
 from typing import Any, Dict, List, NamedTuple, Optional
 
 from . import _native, _sharded
+from ._calls import without_cycle_collection
 from ._flat import PathLike, Progress, _decode_state, _Flattener, _load_tensors, _restore_flat, _save_flat
 
 
+@without_cycle_collection
 def save(
     state: Any,
     dir: PathLike,
@@ -46,6 +48,7 @@ def save(
     return _save_flat(flat, skeleton, dir, parent, progress)
 
 
+@without_cycle_collection
 def load(
     dir: PathLike,
     device: Any = None,
@@ -84,6 +87,7 @@ def _refuse_sharded(dir: PathLike) -> None:
         raise ValueError(f"{os.fspath(dir)} is a sharded checkpoint: every rank loads it with group=")
 
 
+@without_cycle_collection
 def restore_into(state: Any, dir: PathLike, progress: Progress = False, group: Any = None) -> None:
     """Restores a checkpoint in place into the tensors of `state` (a live
     model's and optimizer's state, say), which must have the structure,
