@@ -479,6 +479,14 @@ def tool_list(op: str, before: bool) -> list:
     return ["zerohop"] + ([BEFORE] if before else []) + list(TOOLS[op][1:])
 
 
+def picked(tool: str, names: list) -> bool:
+    """Whether `--tools` names `tool`: by its own name, or by its group
+    ("peers": every other loader or writer; "limits": raw writes and
+    pinned copies)."""
+    group = "zerohop" if tool in ("zerohop", BEFORE) else "limits" if tool in LIMITS else "peers"
+    return tool in names or (group != "zerohop" and group in names)
+
+
 def ledger_line(args, figure: str, value: float, command: str) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": args.commit or commit or "unknown",
@@ -510,7 +518,7 @@ def main() -> None:
     ap.add_argument("--before", default="", help="a directory holding another build's zerohop package, measured "
                     f"beside this one as {BEFORE!r}")
     ap.add_argument("--before-commit", help="the commit --before was built from, for the ledger's figures")
-    ap.add_argument("--tools", help="only these tools (zerohop, peers, limits; comma-separated)")
+    ap.add_argument("--tools", help="only these tools, comma-separated: names (zerohop, zerohop-before, safetensors, raw-16-files, ...) or the groups peers and limits")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -547,7 +555,7 @@ def main() -> None:
         for op in ops:
             tools = [t for t in tool_list(op, bool(args.before)) if installed(t) and (on_gpu or t != "instanttensor")]
             if args.tools:
-                tools = [t for t in tools if t in args.tools.split(",")]
+                tools = [t for t in tools if picked(t, args.tools.split(","))]
             rows = measure(args, op, shape, tools, paths, seed)
             for key, samples in rows.items():
                 o, t = key if isinstance(key, tuple) else (op, key)

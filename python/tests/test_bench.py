@@ -260,6 +260,18 @@ def test_matrix_measures_the_build_before_from_its_own_directory(tmp_path, matri
         assert f"save_file four {other}" not in out.stdout, out.stdout
 
 
+def test_matrix_tools_take_names_and_groups():
+    """`--tools` takes a tool's own name or its group: "peers" keeps every
+    other loader or writer, "limits" the raw writes and pinned copies, and
+    "zerohop" never brings the build before along."""
+    import matrix
+    assert matrix.picked("safetensors", ["zerohop", "peers"])
+    assert matrix.picked("raw-16-files", ["limits"]) and not matrix.picked("raw-16-files", ["peers"])
+    assert not matrix.picked("torch.save", ["zerohop", "limits"])
+    assert matrix.picked("zerohop-before", ["zerohop-before"]) and not matrix.picked("zerohop-before", ["zerohop"])
+    assert matrix.picked("torch.save", ["torch.save"])
+
+
 CHART = BENCH / "chart.py"
 
 
