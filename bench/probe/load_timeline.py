@@ -120,11 +120,11 @@ def child(path: str, variant: str, warm: bool) -> dict:
 
     gc.callbacks.append(on_gc)
     start = now()
-    if variant != "import-inside":
-        start = instrument(marks, stats, warm, variant)
+    ready = instrument(marks, stats, warm, variant)
+    if variant == "import-inside":
+        marks["imported"] = ready
     else:
-        instrument(marks, stats, warm, variant)
-        marks["imported"] = now()
+        start = ready
     import zerohop
     from zerohop import _buffers, _native, _safetensors
 
