@@ -5,6 +5,7 @@ the framework that will own them."""
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -16,12 +17,26 @@ except ImportError:  # pragma: no cover - exercised only without numpy
     np = None  # type: ignore[assignment]
 
 
+_torch_module: Any = None
+
+
 def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
+    """torch, imported if it is not yet (None where it is not installed)."""
+    global _torch_module
+    if _torch_module is None:
+        try:
+            import torch
+        except ImportError:
+            return None
+        _torch_module = torch
+    return _torch_module
+
+
+def _torch_if_loaded():
+    """torch where something imported it already, else None: an object can
+    be a torch tensor only then, and asking must not import torch (over a
+    second) for a numpy user."""
+    return _torch_module or sys.modules.get("torch")
 
 
 # safetensors dtype names -> torch attribute names; absent ones (older
@@ -102,13 +117,19 @@ def numpy_dtype(name: str):
     return np.dtype(_NUMPY_DTYPES[name])
 
 
+_names_of_torch_dtypes: Dict[Any, str] = {}
+
+
 def dtype_name(dtype) -> str:
     """The safetensors name of a torch or numpy dtype."""
-    torch = _torch()
+    torch = _torch_if_loaded()
     if torch is not None and isinstance(dtype, torch.dtype):
-        for name, attr in _TORCH_DTYPES.items():
-            if getattr(torch, attr, None) == dtype:
-                return name
+        if not _names_of_torch_dtypes:
+            for name, attr in _TORCH_DTYPES.items():
+                if hasattr(torch, attr):
+                    _names_of_torch_dtypes.setdefault(getattr(torch, attr), name)
+        if dtype in _names_of_torch_dtypes:
+            return _names_of_torch_dtypes[dtype]
     elif np is not None:
         for name, attr in _NUMPY_DTYPES.items():
             if np.dtype(attr) == dtype:
@@ -147,6 +168,13 @@ def current_stream(device: str) -> Optional[int]:
     torch = _torch()
     if not device.startswith("cuda") or torch is None:
         return None
+    # The raw handle, as torch's own compiled code asks for it: the public
+    # call makes a Stream object first (tens of microseconds, which a small
+    # get_slice notices). Once torch has set CUDA up only: before, the
+    # public call sets it up.
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None and torch.cuda.is_initialized():
+        return raw(int(device[len("cuda:"):]))
     return torch.cuda.current_stream(torch.device(device)).cuda_stream
 
 
@@ -172,7 +200,7 @@ def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
     any object with the buffer protocol. It must be contiguous; `writable`
     also requires that it may be written. `typed=False` is for raw byte
     moves: a dtype safetensors cannot name is then just bytes ('U8')."""
-    torch = _torch()
+    torch = _torch_if_loaded()
 
     def name_of(dtype: Any) -> str:
         try:
@@ -185,19 +213,20 @@ def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
     if torch is not None and isinstance(obj, torch.Tensor):
         if obj.layout != torch.strided:
             raise ValueError(f"the tensor is {obj.layout}, not dense: call .to_dense() first")
-        if obj.device.type == "meta":
+        on = obj.device
+        if on.type == "meta":
             # RuntimeError, as torch and safetensors raise for it.
             raise RuntimeError("Cannot copy out of meta tensor: it holds no data")
         if not obj.is_contiguous():
             raise ValueError("the tensor is not contiguous: call .contiguous() first")
-        if obj.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"tensors on {obj.device} are not supported")
+        if on.type not in ("cpu", "cuda"):
+            raise ValueError(f"tensors on {on} are not supported")
         if obj.is_conj() or obj.is_neg():
             # A lazy view: its memory does not hold the values it shows.
             if writable:
                 raise ValueError("the tensor is a lazy conj/neg view: call resolve_conj()/resolve_neg() first")
             obj = obj.resolve_conj().resolve_neg()
-        device = "cpu" if obj.device.type == "cpu" else f"cuda:{obj.device.index}"
+        device = "cpu" if on.type == "cpu" else f"cuda:{on.index}"
         dtype = name_of(obj.dtype)
         return Buffer(
             obj.data_ptr(),

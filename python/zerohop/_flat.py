@@ -22,7 +22,7 @@ DTENSOR_PREFIX = "\0dtensor:"
 
 
 def is_dtensor(value: Any) -> bool:
-    torch = _buffers._torch()
+    torch = _buffers._torch_if_loaded()
     if torch is None or not isinstance(value, torch.Tensor):
         return False
     # A DTensor exists only once its module is imported: asked before that,
@@ -48,6 +48,9 @@ class _Flattener:
         self._seen: Dict[Tuple[int, int, str, str, Tuple[int, ...]], str] = {}
 
     def encode(self, value: Any, path: List[str]) -> Any:
+        torch = _buffers._torch_if_loaded()
+        if torch is not None and isinstance(value, torch.Tensor) and not is_dtensor(value):
+            return self._tensor(value, path)  # the common case, asked first
         np = _buffers.np
         if np is not None and isinstance(value, np.generic) and not isinstance(value, np.ndarray):
             value = value.item()  # numpy scalars come back as Python ones
@@ -97,7 +100,7 @@ def _is_numpy(value: Any) -> bool:
 
 
 def _is_tensor(value: Any) -> bool:
-    torch = _buffers._torch()
+    torch = _buffers._torch_if_loaded()
     return _is_numpy(value) or (torch is not None and isinstance(value, torch.Tensor))
 
 
@@ -108,7 +111,7 @@ def _save_flat(flat: _Flattener, skeleton: Any, dir: PathLike, parent: Optional[
     buffers, device = _buffers.on_one_device(flat.buffers)  # alive through the save
     entries = [(name, b.dtype, list(b.shape), b.addr, b.nbytes) for name, b in buffers.items()]
     metadata = {STATE_KEY: json.dumps(skeleton, separators=(",", ":"))}
-    stats, seconds, written = _native.checkpoint_save(
+    stats, seconds, written, phases = _native.checkpoint_save(
         device,
         os.fspath(dir),
         entries,
@@ -117,7 +120,7 @@ def _save_flat(flat: _Flattener, skeleton: Any, dir: PathLike, parent: Optional[
         _buffers.current_stream(device),
         progress,
     )
-    return {"seconds": seconds, "written_bytes": written, "stats": json.loads(stats)}
+    return {"seconds": seconds, "written_bytes": written, "stats": json.loads(stats), "phases": json.loads(phases)}
 
 
 def _refuse_partial_overlaps(buffers: Dict[str, "_buffers.Buffer"]) -> None:

@@ -28,7 +28,8 @@ def read(
     pieces: Sequence[Tuple[int, int, int, int]],
     stream: Optional[int] = None,
     progress: Any = None,
-) -> str: ...
+    stats: bool = True,
+) -> Optional[str]: ...
 def write(
     device: str,
     path: str,
@@ -54,7 +55,7 @@ def checkpoint_save(
     metadata: Optional[Dict[str, str]] = None,
     stream: Optional[int] = None,
     progress: Any = None,
-) -> Tuple[str, float, int]: ...
+) -> Tuple[str, float, int, str]: ...
 def checkpoint_entries(
     at: str,
 ) -> Tuple[Dict[str, str], List[Tuple[str, Optional[str], Optional[List[int]], int]]]: ...

@@ -60,7 +60,7 @@ def _load(
         else:
             pieces.append([t.file, t.begin, n, addr])
         last_block = block
-    args = (device, sources, [tuple(p) for p in pieces], _buffers.current_stream(device), progress)
+    args = (device, sources, [tuple(p) for p in pieces], _buffers.current_stream(device), progress, False)
     if pieces:
         tensors = _buffers.tensors_while(lambda: _native.read(*args), [memory])[0]
     else:
@@ -209,6 +209,8 @@ class TensorSlice:
         )
         self._file._check_unchanged()
         part = _load(self._file._opened(), [rows], self._file._device, self._file._framework, False)[rows.name]
+        if step == 1 and not isinstance(first, int) and all(isinstance(r, slice) and r == slice(None) for r in rest):
+            return part  # just the rows: no view to make
         # The rows read, then the rest of the index on the dimensions after.
         # A part of them comes back as a fresh copy, as safetensors returns
         # it, so the bytes read but not kept are freed.
@@ -279,7 +281,7 @@ def _savable(tensors: Any) -> Dict[str, "_buffers.Buffer"]:
     messages) of `safetensors.torch.save_file`, which user code relies on."""
     if not isinstance(tensors, dict):
         raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
-    torch = _buffers._torch()
+    torch = _buffers._torch_if_loaded()
     sparse = [
         name for name, t in tensors.items()
         if torch is not None and isinstance(t, torch.Tensor) and t.layout != torch.strided

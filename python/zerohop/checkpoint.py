@@ -29,8 +29,10 @@ def save(
 ) -> Dict[str, Any]:
     """Saves `state` as a new checkpoint directory `dir` (which must not
     exist). Returns what the save did: seconds until durable, bytes written
-    (fewer than the total when `parent` let chunks be referenced), and the
-    engine's transfer stats.
+    (fewer than the total when `parent` let chunks be referenced), the
+    engine's transfer stats, and `phases`: the seconds before the data
+    moved (layout), waiting for the device's checksums after it, and
+    committing the manifest.
 
     With `group` (a torch.distributed process group, e.g.
     `torch.distributed.group.WORLD`), every rank of it calls `save` with

@@ -190,7 +190,7 @@ class StorageReader(_Reader):
                     _add(direct, device, index[stored.file], stored, chunk)
                 later.append((item, chunk, target))
         for device, pieces in direct.items():
-            _native.read(device, paths, pieces, _buffers.current_stream(device), False)
+            _native.read(device, paths, pieces, _buffers.current_stream(device), False, stats=False)
         read = byte_items + [(item, target if chunk is None else chunk) for item, chunk, target in later]
         _check(self.path, [(self.storage_data[item.storage_index], item.storage_index.fqn, buf) for item, buf in read])
         for item, buf in byte_items:

@@ -119,7 +119,7 @@ def load_file(
     _agree(world, failure, _digest(replicated))
     try:
         if pieces:
-            _native.read(device, paths, pieces, _buffers.current_stream(device), progress)
+            _native.read(device, paths, pieces, _buffers.current_stream(device), progress, stats=False)
     except Exception as e:
         failure = e
     _agree(world, failure)

@@ -37,6 +37,6 @@ pub use manifest::{
 };
 pub use request::{Region, SaveOptions, DEFAULT_CHUNK_BYTES};
 pub use restore::{restore, restore_into, Restored};
-pub use save::{save, Saved};
+pub use save::{save, SavePhases, Saved};
 pub use store::{CheckpointStore, NewCheckpoint};
 pub use verify::{dependents, remove, verify, Verified};

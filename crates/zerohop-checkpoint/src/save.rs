@@ -27,6 +27,22 @@ pub struct Saved {
     pub written_bytes: u64,
     /// Where the chunks were checksummed.
     pub checksums: ChecksumSite,
+    /// Where the time around the data transfer went.
+    pub phases: SavePhases,
+}
+
+/// Where a save's time went besides the data transfer (`Saved::stats`),
+/// all included in `Saved::seconds`.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct SavePhases {
+    /// Before the data moves: the new directory, the data files created
+    /// and sized, their headers written.
+    pub layout_seconds: f64,
+    /// After the data was written, waiting for the device's checksums.
+    pub checksum_wait_seconds: f64,
+    /// The manifest built, checked, written and committed (synced, renamed
+    /// into place).
+    pub commit_seconds: f64,
 }
 
 /// Saves `regions` as the new checkpoint `at`, which must not exist. The
@@ -51,10 +67,14 @@ pub fn save(
     }
     let base = Baseline::of(at, opts.parent.as_ref())?;
     let new = at.store.begin(&at.name)?;
-    let (manifest, stats, checksums) =
+    let begun = started.elapsed().as_secs_f64();
+    let (manifest, stats, checksums, mut phases) =
         write_checkpoint(engine, regions, &*new, opts, &base, progress)?;
+    let committing = Instant::now();
     check_holders(at, &manifest)?;
     new.commit(&manifest.encode())?;
+    phases.layout_seconds += begun;
+    phases.commit_seconds += committing.elapsed().as_secs_f64();
     Ok(Saved {
         written_bytes: stats.direct_bytes
             + stats.buffered_bytes
@@ -64,6 +84,7 @@ pub fn save(
         stats,
         seconds: started.elapsed().as_secs_f64(),
         checksums,
+        phases,
     })
 }
 
@@ -112,9 +133,13 @@ fn write_checkpoint(
     opts: &SaveOptions,
     base: &Baseline,
     progress: Option<Progress<'_>>,
-) -> Result<(Manifest, TransferStats, ChecksumSite)> {
+) -> Result<(Manifest, TransferStats, ChecksumSite, SavePhases)> {
+    let t = Instant::now();
     let layout = SaveLayout::new(engine, regions, new, base, opts)?;
-    let (stats, chunks, site) = write_hashed(engine, &layout, new, base, progress)?;
+    let layout_seconds = t.elapsed().as_secs_f64();
+    let (stats, chunks, site, checksum_wait_seconds) =
+        write_hashed(engine, &layout, new, base, progress)?;
+    let t = Instant::now();
     let split = layout.entries.iter().any(|e| !e.pieces.is_empty());
     let manifest = Manifest {
         format: FORMAT.into(),
@@ -129,5 +154,10 @@ fn write_checkpoint(
     };
     // Never commit what a reader would refuse.
     Manifest::decode(&manifest.encode()).map_err(|e| e.context("the new manifest is not valid"))?;
-    Ok((manifest, stats, site))
+    let phases = SavePhases {
+        layout_seconds,
+        checksum_wait_seconds,
+        commit_seconds: t.elapsed().as_secs_f64(),
+    };
+    Ok((manifest, stats, site, phases))
 }

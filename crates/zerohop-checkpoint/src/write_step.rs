@@ -12,14 +12,16 @@ use std::ops::Range;
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Progress, Result, TransferStats};
 
 /// Writes the data of `layout` (files of `new`) and checksums its chunks;
-/// returns the transfer, every chunk, and where they were checksummed.
+/// returns the transfer, every chunk, where they were checksummed, and
+/// the seconds waited for the device's checksums after the data was
+/// written.
 pub(crate) fn write_hashed(
     engine: &Engine,
     layout: &SaveLayout,
     new: &dyn NewCheckpoint,
     base: &Baseline,
     progress: Option<Progress<'_>>,
-) -> Result<(TransferStats, Vec<Chunk>, ChecksumSite)> {
+) -> Result<(TransferStats, Vec<Chunk>, ChecksumSite, f64)> {
     let pieces = layout.chunk_pieces()?;
     match checksums::device_can_hash(engine) {
         // Nothing is compared with a parent, so nothing waits for the sums:
@@ -45,7 +47,7 @@ pub(crate) fn write_hashed(
                 Err(why) => (None, ChecksumSite::Host { why }),
             };
             let stats = write_changed(engine, layout, sums.as_deref(), base, progress)?;
-            Ok((stats, seen_chunks(&layout.slots)?, site))
+            Ok((stats, seen_chunks(&layout.slots)?, site, 0.0))
         }
     }
 }
@@ -58,17 +60,18 @@ fn write_while_hashing(
     new: &dyn NewCheckpoint,
     pieces: &[Vec<DeviceBuffer>],
     progress: Option<Progress<'_>>,
-) -> Result<(TransferStats, Vec<Chunk>, ChecksumSite)> {
-    let (stats, hashed) = std::thread::scope(|s| {
+) -> Result<(TransferStats, Vec<Chunk>, ChecksumSite, f64)> {
+    let (stats, hashed, waited) = std::thread::scope(|s| {
         let hashing = s.spawn(|| checksums::on_device(engine, pieces));
         let stats = engine.write(&layout.files, &layout.plan, None, progress);
+        let t = std::time::Instant::now();
         let hashed = hashing.join().unwrap_or_else(|_| {
             Err(Error::new(
                 ErrorKind::Device,
                 "the checksum thread panicked",
             ))
         });
-        (stats, hashed)
+        (stats, hashed, t.elapsed().as_secs_f64())
     });
     let stats = stats?;
     let (sums, site) = match hashed {
@@ -93,7 +96,7 @@ fn write_while_hashing(
         .zip(sums)
         .map(|(c, sum)| c.chunk(sum, None))
         .collect();
-    Ok((stats, chunks, site))
+    Ok((stats, chunks, site, waited))
 }
 
 /// Writes the chunks the parent does not already hold, taking each

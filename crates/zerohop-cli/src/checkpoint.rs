@@ -92,6 +92,8 @@ struct SaveReport<'a> {
     seconds_to_durable: f64,
     gbps: f64,
     checksums: String,
+    /// Where the time around the transfer went.
+    phases: ckpt::SavePhases,
     transfer: &'a TransferStats,
 }
 
@@ -227,6 +229,7 @@ pub fn save(
             seconds_to_durable: saved.seconds,
             gbps,
             checksums: saved.checksums.to_string(),
+            phases: saved.phases,
             transfer: &saved.stats,
         };
         println!(
@@ -241,9 +244,17 @@ pub fn save(
             at,
             saved.manifest.files.len()
         );
+        let p = saved.phases;
         println!(
             "time     {:.3} s to durable (data, then the manifest that commits it), {gbps:.2} GB/s",
             saved.seconds
+        );
+        println!(
+            "phases   layout {:.1} ms, data {:.3} s, checksums waited for {:.1} ms, manifest {:.1} ms",
+            p.layout_seconds * 1e3,
+            saved.stats.seconds,
+            p.checksum_wait_seconds * 1e3,
+            p.commit_seconds * 1e3
         );
         let skipped = saved.stats.skipped_bytes;
         println!(

@@ -19,8 +19,9 @@ type EntrySpec = (String, Option<String>, Option<Vec<u64>>, u64, u64);
 type EntryInfo = (String, Option<String>, Option<Vec<u64>>, u64);
 
 /// Saves entries of `device` as the new checkpoint `at` (a directory or
-/// `s3://bucket/[prefix/]NAME`), incrementally against `parent` if given. Returns the save's stats as JSON, with the
-/// seconds until durable and the bytes actually written.
+/// `s3://bucket/[prefix/]NAME`), incrementally against `parent` if given.
+/// Returns the save's stats as JSON, the seconds until durable, the bytes
+/// actually written, and where the time around the transfer went (JSON).
 #[pyfunction]
 #[pyo3(signature = (device, at, entries, parent=None, metadata=None, stream=None, progress=None))]
 #[allow(clippy::too_many_arguments)]
@@ -33,7 +34,7 @@ pub fn checkpoint_save(
     metadata: Option<BTreeMap<String, String>>,
     stream: Option<u64>,
     progress: Option<Bound<'_, PyAny>>,
-) -> PyResult<(String, f64, u64)> {
+) -> PyResult<(String, f64, u64, String)> {
     let place = Place::parse(device)?;
     let engine = if zerohop::location::is_object(&at) {
         py.detach(|| upload_engine(place))?
@@ -69,11 +70,12 @@ pub fn checkpoint_save(
         };
         reporter.with(|progress| ckpt::save(&engine, &regions, &at, &opts, progress))
     });
-    let (seconds, written) = saved
-        .as_ref()
-        .map_or((0.0, 0), |s| (s.seconds, s.written_bytes));
+    let (seconds, written, phases) = saved.as_ref().map_or((0.0, 0, String::new()), |s| {
+        let phases = serde_json::to_string(&s.phases).expect("phases serialize");
+        (s.seconds, s.written_bytes, phases)
+    });
     let stats = finish(reporter, saved.map(|s| s.stats))?;
-    Ok((stats, seconds, written))
+    Ok((stats, seconds, written, phases))
 }
 
 /// The checkpoint's metadata and entries as (name, dtype, shape, bytes).

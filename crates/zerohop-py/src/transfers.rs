@@ -103,9 +103,10 @@ pub enum SourcesArg<'py> {
 
 /// Reads `pieces`, each (file index, file offset, bytes, address), from
 /// `sources` (paths, or `Sources`) into memory of `device`. Returns the
-/// transfer's stats as JSON.
+/// transfer's stats as JSON, or None with `stats=False` (callers that
+/// drop them: a small `get_slice` would spend microseconds on the text).
 #[pyfunction]
-#[pyo3(signature = (device, sources, pieces, stream=None, progress=None))]
+#[pyo3(signature = (device, sources, pieces, stream=None, progress=None, stats=true))]
 pub fn read(
     py: Python<'_>,
     device: &str,
@@ -113,7 +114,8 @@ pub fn read(
     pieces: Vec<(usize, u64, u64, u64)>,
     stream: Option<u64>,
     progress: Option<Bound<'_, PyAny>>,
-) -> PyResult<String> {
+    stats: bool,
+) -> PyResult<Option<String>> {
     let place = Place::parse(device)?;
     let engine = py.detach(|| engine(place))?;
     let total = pieces.iter().map(|p| p.2).sum();
@@ -122,7 +124,7 @@ pub fn read(
         SourcesArg::Opened(s) => (Some(s.get()), None),
         SourcesArg::Paths(p) => (None, Some(p)),
     };
-    let stats = py.detach(|| {
+    let outcome = py.detach(|| {
         let fresh;
         let files: &[SourceFile] = match (opened, paths) {
             (Some(s), _) => &s.files,
@@ -150,7 +152,8 @@ pub fn read(
         }
         reporter.with(|progress| engine.transfer(files, &plan, progress))
     });
-    finish(reporter, stats)
+    let moved = finished(reporter, outcome)?;
+    Ok(stats.then(|| to_json(&moved)))
 }
 
 /// Host destinations are read into in place, no staging and no device.
@@ -265,9 +268,18 @@ pub fn parse_dtype(name: &str, dtype: &str) -> Result<Dtype> {
 /// Ends the progress display and turns the outcome into stats JSON or the
 /// Python exception.
 pub fn finish(reporter: Reporter, outcome: Result<TransferStats>) -> PyResult<String> {
-    let ok = outcome.is_ok();
-    let done = reporter.finish(ok);
+    finished(reporter, outcome).map(|stats| to_json(&stats))
+}
+
+/// Ends the progress display and turns the outcome into the stats or the
+/// Python exception.
+fn finished(reporter: Reporter, outcome: Result<TransferStats>) -> PyResult<TransferStats> {
+    let done = reporter.finish(outcome.is_ok());
     let stats = outcome.map_err(to_py)?;
     done?;
-    Ok(serde_json::to_string(&stats).expect("stats serialize"))
+    Ok(stats)
+}
+
+fn to_json(stats: &TransferStats) -> String {
+    serde_json::to_string(stats).expect("stats serialize")
 }

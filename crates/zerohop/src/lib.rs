@@ -10,6 +10,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cache_drop;
+mod crew;
 pub mod device;
 mod engine;
 mod error;

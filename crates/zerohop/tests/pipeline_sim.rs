@@ -197,6 +197,49 @@ fn whole_files_tiny_empty_and_many_windows() {
     assert_eq!(stats.staging_bytes, 4 * 4096, "staging stays at its bound");
 }
 
+/// Reads of one window (a `get_slice`'s few rows) run on the calling
+/// thread, their copy out of the mapping shared with the engine's helpers:
+/// each arrives exactly, at any offset and length, one read after another
+/// and from several threads at once.
+#[test]
+fn one_window_hot_reads_shared_with_helpers_arrive_exactly() {
+    let dir = TestDir::new("one-window");
+    let data = pattern((8 << 20) + 333, 7);
+    let path = write(&dir.path("hot"), &data);
+    let dev = sim(20);
+    let engine = Engine::new(
+        dev.clone(),
+        config(4 << 20, 8, 4, DirectIo::Auto, HotRoute::Mapped),
+    )
+    .unwrap();
+    let files = Engine::open_files(&[&path]).unwrap();
+    let reads = [
+        (0, 4 << 20),
+        (4097, (1 << 20) + 5),
+        (3 << 20, 512 << 10),
+        (12345, 300 << 10),
+        ((8 << 20) - 1000, 1000),
+    ];
+    let read = |(offset, len): (usize, usize)| {
+        let buf = dev.alloc(len).unwrap();
+        let mut plan = TransferPlan::new();
+        plan.add(&files, 0, offset as u64, len as u64, &buf, 0)
+            .unwrap();
+        let stats = engine.transfer(&files, &plan, None).unwrap();
+        assert_eq!((stats.io_threads, stats.mapped_bytes), (1, len as u64));
+        assert!(
+            read_all(dev.as_ref(), &buf) == data[offset..offset + len],
+            "{len} bytes at {offset}"
+        );
+    };
+    reads.into_iter().for_each(read);
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| reads.into_iter().for_each(read));
+        }
+    });
+}
+
 /// Offsets beyond 4 GiB in a sparse file, and a bound on staging far below
 /// the bytes moved.
 #[test]

@@ -61,7 +61,9 @@ pub struct EngineConfig {
     /// cache when the device reads it. A small transfer is not cut finer
     /// to spread it over workers: a 1 MiB `get_slice` cut in four for four
     /// workers took 323 us in the engine against 275 us on one thread (the
-    /// reference H200 machine, `bench/probe/slice_calls.py`).
+    /// reference H200 machine, `bench/probe/slice_calls.py`), their thread
+    /// starts and copy queues costing more than they saved. Its window's
+    /// copy is shared with the engine's parked helpers instead (`crew`).
     pub mapped_window_bytes: usize,
     /// A file counts as hot when at least this fraction of it is cached.
     pub hot_threshold: f64,

@@ -228,6 +228,9 @@ impl Engine {
         let staging_seconds = pool.allocate(self.device.as_ref())?;
         let shares = pool.worker_shares(workers.min(claims.len()), min_slots);
         let threads = shares.len();
+        // A sole worker runs on the calling thread, and its mapped copies
+        // are shared with the crew.
+        let crew = (threads == 1).then_some(&self.crew);
         // Each worker makes its copy queue and reader on its own thread.
         let workers = shares.into_iter().map(|slots| Worker { slots }).collect();
         let job = Job {
@@ -241,6 +244,7 @@ impl Engine {
             claims,
             check,
             progress,
+            crew,
         };
         let (moved, pin_refusal) = read_pipeline::run(&job, workers)?;
         if let Some(why) = pin_refusal {

@@ -10,6 +10,7 @@
 
 use super::page_cache_dma::populate;
 use super::workers::{assert_fits, run_workers, Progress, QueuePool};
+use crate::crew::Crew;
 use crate::device::{CopyQueue, Device, Fence, HostPin};
 use crate::plan::{Extent, Route, Window, WindowCopy, WorkItem};
 use crate::staging::StagingShare;
@@ -68,6 +69,9 @@ pub(super) struct Job<'a> {
     pub claims: Vec<Range<usize>>,
     pub check: Option<ReadCheck<'a>>,
     pub progress: Option<Progress<'a>>,
+    /// Helpers that share each mapped copy: for a job of one worker only
+    /// (several workers copy in parallel already).
+    pub crew: Option<&'a Crew>,
 }
 
 struct Shared<'a> {
@@ -404,7 +408,7 @@ fn copy_window(w: &mut Equipment<'_>, slot: usize, job: &Job<'_>, win: &Window) 
     // SAFETY: this worker owns the slot exclusively and no copy reads it now
     // (its last fence has passed), so a unique mutable view is sound.
     let buf = unsafe { std::slice::from_raw_parts_mut(w.slots.ptr(slot), win.needed as usize) };
-    map.copy_to(win.start, buf).map_err(|e| {
+    map.copy_to(win.start, buf, job.crew).map_err(|e| {
         // Say how the file changed, where the stamp shows it.
         file.check_unchanged().err().unwrap_or_else(|| {
             Error::io(

@@ -184,7 +184,7 @@ mod tests {
         let source = SourceFile::from_descriptors(f, None, label).unwrap();
         let first = source.mapping().unwrap();
         let mut got = [0u8; 7];
-        first.copy_to(1 << 20, &mut got).unwrap();
+        first.copy_to(1 << 20, &mut got, None).unwrap();
         assert_eq!(&got, b"zerohop");
         let again = source.mapping().unwrap();
         assert!(std::ptr::eq(first, again), "mapped a second time");
