@@ -253,7 +253,9 @@ def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
         )
     if hasattr(obj, "__dlpack__"):
         # The imported tensor keeps the producer alive and is what device
-        # copies work on.
+        # copies work on (torch, imported for it where need be, takes GPU
+        # memory too).
+        torch = _torch()
         if torch is not None:
             return describe(torch.from_dlpack(obj), writable, typed)
         if np is not None:
