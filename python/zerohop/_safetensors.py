@@ -60,9 +60,9 @@ def _load(
         else:
             pieces.append([t.file, t.begin, n, addr])
         last_block = block
-    args = (device, sources, [tuple(p) for p in pieces], _buffers.current_stream(device), progress, False)
+    args = (device, sources, [tuple(p) for p in pieces], _buffers.current_stream(device), progress)
     if pieces:
-        tensors = _buffers.tensors_while(lambda: _native.read(*args), [memory])[0]
+        tensors = _buffers.tensors_while(lambda: _native.read(*args, stats=False), [memory])[0]
     else:
         tensors = memory.tensors()
     return {t.name: x for t, x in zip(wanted, tensors)}

@@ -10,6 +10,7 @@
 //! job) runs all its parts itself.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
@@ -58,7 +59,7 @@ unsafe impl Send for Part {}
 struct Latch {
     left: Mutex<usize>,
     zero: Condvar,
-    panicked: std::sync::atomic::AtomicBool,
+    panicked: AtomicBool,
 }
 
 impl Crew {
@@ -125,7 +126,7 @@ impl Crew {
         if let Err(p) = mine {
             std::panic::resume_unwind(p);
         }
-        if latch.panicked.load(std::sync::atomic::Ordering::Relaxed) {
+        if latch.panicked.load(Ordering::Relaxed) {
             panic!("a part of a crew's job panicked");
         }
     }
@@ -170,9 +171,7 @@ fn serve(desk: &Desk) {
         // this part has counted the latch down (the last use of either).
         let (job, latch) = unsafe { (&*part.job, &*part.latch) };
         if catch_unwind(AssertUnwindSafe(|| job(part.index))).is_err() {
-            latch
-                .panicked
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+            latch.panicked.store(true, Ordering::Relaxed);
         }
         let mut left = lock(&latch.left);
         *left -= 1;
@@ -202,7 +201,7 @@ impl Drop for Crew {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
 
     #[test]
     fn every_part_runs_once_whatever_the_width() {
