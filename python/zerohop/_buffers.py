@@ -195,6 +195,22 @@ class NotMemoryError(TypeError):
     other exceptions, so callers can tell the two apart."""
 
 
+# torch devices -> 'cpu' or 'cuda:N', as met: checkpoints describe
+# thousands of tensors, and a device's `type` takes a call each time.
+_device_names: Dict[Any, str] = {}
+
+
+def _torch_device_name(on: Any) -> str:
+    if on.type == "meta":
+        # RuntimeError, as torch and safetensors raise for it.
+        raise RuntimeError("Cannot copy out of meta tensor: it holds no data")
+    if on.type not in ("cpu", "cuda"):
+        raise ValueError(f"tensors on {on} are not supported")
+    name = "cpu" if on.type == "cpu" else f"cuda:{on.index}"
+    _device_names[on] = name
+    return name
+
+
 def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
     """The memory of a torch tensor, a numpy array, any DLPack producer, or
     any object with the buffer protocol. It must be contiguous; `writable`
@@ -213,24 +229,18 @@ def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
     if torch is not None and isinstance(obj, torch.Tensor):
         if obj.layout != torch.strided:
             raise ValueError(f"the tensor is {obj.layout}, not dense: call .to_dense() first")
-        on = obj.device
-        if on.type == "meta":
-            # RuntimeError, as torch and safetensors raise for it.
-            raise RuntimeError("Cannot copy out of meta tensor: it holds no data")
+        device = _device_names.get(obj.device) or _torch_device_name(obj.device)
         if not obj.is_contiguous():
             raise ValueError("the tensor is not contiguous: call .contiguous() first")
-        if on.type not in ("cpu", "cuda"):
-            raise ValueError(f"tensors on {on} are not supported")
         if obj.is_conj() or obj.is_neg():
             # A lazy view: its memory does not hold the values it shows.
             if writable:
                 raise ValueError("the tensor is a lazy conj/neg view: call resolve_conj()/resolve_neg() first")
             obj = obj.resolve_conj().resolve_neg()
-        device = "cpu" if on.type == "cpu" else f"cuda:{on.index}"
-        dtype = name_of(obj.dtype)
+        dtype = _names_of_torch_dtypes.get(obj.dtype) or name_of(obj.dtype)
         return Buffer(
             obj.data_ptr(),
-            obj.numel() * obj.element_size(),
+            obj.nbytes,
             device,
             dtype,
             header_shape(dtype, tuple(obj.shape)),

@@ -53,8 +53,10 @@ impl SaveLayout {
             })
             .max(1);
         let pieces = split(regions, n, opts.chunk_bytes);
-        let mut metadata = opts.metadata.clone();
-        metadata.insert("format".into(), "zerohop-checkpoint".into());
+        // The caller's metadata is the manifest's; the data files name only
+        // their format (a saved state's structure, copied into each of 16
+        // headers, cost a save of 3,280 tensors tens of milliseconds).
+        let metadata = [("format".to_string(), "zerohop-checkpoint".to_string())].into();
         let mut files = Vec::new();
         let mut plan = TransferPlan::new();
         let mut data_files = Vec::new();
