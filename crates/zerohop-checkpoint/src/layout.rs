@@ -54,8 +54,9 @@ impl SaveLayout {
             .max(1);
         let pieces = split(regions, n, opts.chunk_bytes);
         // The caller's metadata is the manifest's; the data files name only
-        // their format (a saved state's structure, copied into each of 16
-        // headers, cost a save of 3,280 tensors tens of milliseconds).
+        // their format. A saved state's structure, copied into each of 16
+        // headers, had a save of 3,280 tensors spend 16 - 27 ms laying out
+        // its files, against 6 - 10 ms without (the H200 machine).
         let metadata = [("format".to_string(), "zerohop-checkpoint".to_string())].into();
         let mut files = Vec::new();
         let mut plan = TransferPlan::new();
