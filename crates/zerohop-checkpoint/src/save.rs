@@ -68,11 +68,11 @@ pub fn save(
     let base = Baseline::of(at, opts.parent.as_ref())?;
     let new = at.store.begin(&at.name)?;
     let begun = started.elapsed().as_secs_f64();
-    let (manifest, stats, checksums, mut phases) =
+    let (manifest, encoded, stats, checksums, mut phases) =
         write_checkpoint(engine, regions, &*new, opts, &base, progress)?;
     let committing = Instant::now();
     check_holders(at, &manifest)?;
-    new.commit(&manifest.encode())?;
+    new.commit(&encoded)?;
     phases.layout_seconds += begun;
     phases.commit_seconds += committing.elapsed().as_secs_f64();
     Ok(Saved {
@@ -125,7 +125,7 @@ pub(crate) fn check_geometry(engine: &Engine, chunk_bytes: u64) -> Result<()> {
 
 /// Writes the checkpoint's data in two steps: the layout of the data
 /// files, then their data with every chunk checksummed; returns the
-/// manifest to commit.
+/// manifest to commit, and its encoding.
 fn write_checkpoint(
     engine: &Engine,
     regions: &[Region],
@@ -133,7 +133,7 @@ fn write_checkpoint(
     opts: &SaveOptions,
     base: &Baseline,
     progress: Option<Progress<'_>>,
-) -> Result<(Manifest, TransferStats, ChecksumSite, SavePhases)> {
+) -> Result<(Manifest, Vec<u8>, TransferStats, ChecksumSite, SavePhases)> {
     let t = Instant::now();
     let layout = SaveLayout::new(engine, regions, new, base, opts)?;
     let layout_seconds = t.elapsed().as_secs_f64();
@@ -153,11 +153,12 @@ fn write_checkpoint(
         chunks,
     };
     // Never commit what a reader would refuse.
-    Manifest::decode(&manifest.encode()).map_err(|e| e.context("the new manifest is not valid"))?;
+    let encoded = manifest.encode();
+    Manifest::decode(&encoded).map_err(|e| e.context("the new manifest is not valid"))?;
     let phases = SavePhases {
         layout_seconds,
         checksum_wait_seconds,
         commit_seconds: t.elapsed().as_secs_f64(),
     };
-    Ok((manifest, stats, site, phases))
+    Ok((manifest, encoded, stats, site, phases))
 }

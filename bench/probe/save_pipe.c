@@ -1,0 +1,226 @@
+// What bounds a save's transfer: GPU memory copied into small pinned
+// slots and written from them into files of a memory file system, against
+// the raw parallel write of the same bytes from host memory.
+//
+// 16 threads, each with a stream, DEPTH pinned slots of SLOT bytes and a
+// file of its own: copy device memory into the next free slot, and once
+// the oldest slot's copy has landed, pwrite it. Rows:
+//   raw     pwrite from an 8 GiB host buffer (touched first), 4 MiB at a time
+//   pipe    copy + pwrite, per SLOT and DEPTH
+//   copy    the copies alone (no pwrite): the device-to-host ceiling
+// Smaller slots keep less copied-but-unwritten data in flight (16 x DEPTH x
+// SLOT), which may stay in the CPU's last-level cache until written.
+//
+//   gcc -O2 -pthread -o save_pipe bench/probe/save_pipe.c -ldl
+//   ./save_pipe /dev/shm [GIB] [ROUNDS]
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define THREADS 16
+#define MAX_DEPTH 8
+
+typedef int (*fn_i)(unsigned);
+typedef int (*fn_dev)(int *, int);
+typedef int (*fn_retain)(void **, int);
+typedef int (*fn_ptr)(void *);
+typedef int (*fn_halloc)(void **, size_t, unsigned);
+typedef int (*fn_malloc)(unsigned long long *, size_t);
+typedef int (*fn_memset)(unsigned long long, unsigned char, size_t);
+typedef int (*fn_stream)(void **, unsigned);
+typedef int (*fn_d2h)(void *, unsigned long long, size_t, void *);
+typedef int (*fn_event)(void **, unsigned);
+typedef int (*fn_record)(void *, void *);
+typedef int (*fn_void)(void);
+
+static struct {
+    fn_i init;
+    fn_dev device_get;
+    fn_retain retain;
+    fn_ptr set_current, event_sync;
+    fn_halloc host_alloc;
+    fn_malloc mem_alloc;
+    fn_memset memset_d8;
+    fn_stream stream_create;
+    fn_d2h d2h_async;
+    fn_event event_create;
+    fn_record event_record;
+    fn_void ctx_sync;
+} cu;
+static void *ctx;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static void check(int rc, const char *what) {
+    if (rc) {
+        fprintf(stderr, "%s: CUDA error %d\n", what, rc);
+        exit(1);
+    }
+}
+
+static void *sym(void *lib, const char *name) {
+    void *f = dlsym(lib, name);
+    if (!f) {
+        fprintf(stderr, "libcuda has no %s\n", name);
+        exit(1);
+    }
+    return f;
+}
+
+static void load_cuda(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib) {
+        fprintf(stderr, "no libcuda.so.1: %s\n", dlerror());
+        exit(1);
+    }
+    cu.init = sym(lib, "cuInit");
+    cu.device_get = sym(lib, "cuDeviceGet");
+    cu.retain = sym(lib, "cuDevicePrimaryCtxRetain");
+    cu.set_current = sym(lib, "cuCtxSetCurrent");
+    cu.event_sync = sym(lib, "cuEventSynchronize");
+    cu.host_alloc = sym(lib, "cuMemHostAlloc");
+    cu.mem_alloc = sym(lib, "cuMemAlloc_v2");
+    cu.memset_d8 = sym(lib, "cuMemsetD8_v2");
+    cu.stream_create = sym(lib, "cuStreamCreate");
+    cu.d2h_async = sym(lib, "cuMemcpyDtoHAsync_v2");
+    cu.event_create = sym(lib, "cuEventCreate");
+    cu.event_record = sym(lib, "cuEventRecord");
+    cu.ctx_sync = sym(lib, "cuCtxSynchronize");
+    int dev;
+    check(cu.init(0), "cuInit");
+    check(cu.device_get(&dev, 0), "cuDeviceGet");
+    check(cu.retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    check(cu.set_current(ctx), "cuCtxSetCurrent");
+}
+
+struct job {
+    int fd;
+    int write;                // pwrite each slot (else the copies alone)
+    unsigned long long dev;   // this thread's device range
+    const uint8_t *host;      // raw rows: this thread's host range
+    uint64_t bytes;
+    size_t slot;
+    int depth;
+    uint8_t *slots;
+    void *stream;
+    void *events[MAX_DEPTH];
+};
+
+static void *raw_writer(void *arg) {
+    struct job *j = arg;
+    for (uint64_t at = 0; at < j->bytes; at += 4UL << 20)
+        if (pwrite(j->fd, j->host + at, 4UL << 20, at) != (ssize_t)(4UL << 20)) die("pwrite");
+    return NULL;
+}
+
+static void *pipe_writer(void *arg) {
+    struct job *j = arg;
+    check(cu.set_current(ctx), "cuCtxSetCurrent");
+    uint64_t n = j->bytes / j->slot, issued = 0, done = 0;
+    while (done < n) {
+        while (issued < n && issued - done < (uint64_t)j->depth) {
+            int s = issued % j->depth;
+            check(cu.d2h_async(j->slots + s * j->slot, j->dev + issued * j->slot, j->slot, j->stream), "copy");
+            check(cu.event_record(j->events[s], j->stream), "record");
+            issued++;
+        }
+        int s = done % j->depth;
+        check(cu.event_sync(j->events[s]), "wait");
+        if (j->write && pwrite(j->fd, j->slots + s * j->slot, j->slot, done * j->slot) != (ssize_t)j->slot)
+            die("pwrite");
+        done++;
+    }
+    return NULL;
+}
+
+static struct job jobs[THREADS];
+
+// One row: every thread's job run at once into fresh files under `dir`.
+static void row(const char *dir, const char *label, uint64_t per_thread, void *(*fn)(void *)) {
+    char path[512];
+    for (int i = 0; i < THREADS; i++) {
+        snprintf(path, sizeof path, "%s/zerohop-save-pipe-%d-%d", dir, getpid(), i);
+        jobs[i].fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+        if (jobs[i].fd < 0) die(path);
+        unlink(path);
+        if (ftruncate(jobs[i].fd, per_thread)) die("ftruncate");
+    }
+    pthread_t tids[THREADS];
+    double t0 = now();
+    for (int i = 0; i < THREADS; i++) pthread_create(&tids[i], NULL, fn, &jobs[i]);
+    for (int i = 0; i < THREADS; i++) pthread_join(tids[i], NULL);
+    for (int i = 0; i < THREADS; i++)
+        if (jobs[i].write && fdatasync(jobs[i].fd)) die("fdatasync");
+    double t = now() - t0;
+    printf("%-34s %6.2f GB/s  (%.3f s)\n", label, per_thread * THREADS / t / 1e9, t);
+    fflush(stdout);
+    for (int i = 0; i < THREADS; i++) close(jobs[i].fd);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s DIR [GIB] [ROUNDS]\n", argv[0]);
+        return 2;
+    }
+    const char *dir = argv[1];
+    uint64_t total = (argc > 2 ? strtoull(argv[2], NULL, 10) : 8) << 30;
+    int rounds = argc > 3 ? atoi(argv[3]) : 2;
+    uint64_t per_thread = total / THREADS;
+    load_cuda();
+    unsigned long long dev;
+    check(cu.mem_alloc(&dev, total), "cuMemAlloc");
+    check(cu.memset_d8(dev, 0x5a, total), "cuMemsetD8");
+    uint8_t *host = malloc(total);
+    if (!host) die("malloc");
+    memset(host, 0x5a, total);
+    uint8_t *slots;
+    const size_t max_slots = 32UL << 20;  // per thread: DEPTH x SLOT at most
+    check(cu.host_alloc((void **)&slots, max_slots * THREADS, 0), "cuMemHostAlloc");
+    memset(slots, 0, max_slots * THREADS);
+    for (int i = 0; i < THREADS; i++) {
+        jobs[i].dev = dev + i * per_thread;
+        jobs[i].host = host + i * per_thread;
+        jobs[i].bytes = per_thread;
+        jobs[i].slots = slots + i * max_slots;
+        check(cu.stream_create(&jobs[i].stream, 1), "cuStreamCreate");
+        for (int e = 0; e < MAX_DEPTH; e++) check(cu.event_create(&jobs[i].events[e], 2), "cuEventCreate");
+    }
+    check(cu.ctx_sync(), "cuCtxSynchronize");
+    static const struct { size_t slot_kib; int depth; int write; } pipes[] = {
+        {4096, 2, 1}, {2048, 2, 1}, {1024, 2, 1}, {1024, 4, 1}, {512, 4, 1},
+        {8192, 2, 1}, {4096, 3, 1}, {4096, 2, 0}, {1024, 4, 0},
+    };
+    printf("%d threads, %.1f GiB, each into a file of its own under %s\n", THREADS, total / 1073741824.0, dir);
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < THREADS; i++) jobs[i].write = 1;
+        row(dir, "raw: pwrite from host memory", per_thread, raw_writer);
+        for (size_t p = 0; p < sizeof pipes / sizeof pipes[0]; p++) {
+            char label[64];
+            snprintf(label, sizeof label, "%s: %zu KiB slots x %d", pipes[p].write ? "pipe" : "copy",
+                     pipes[p].slot_kib, pipes[p].depth);
+            for (int i = 0; i < THREADS; i++) {
+                jobs[i].slot = pipes[p].slot_kib << 10;
+                jobs[i].depth = pipes[p].depth;
+                jobs[i].write = pipes[p].write;
+            }
+            row(dir, label, per_thread, pipe_writer);
+        }
+    }
+    return 0;
+}
