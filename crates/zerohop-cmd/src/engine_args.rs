@@ -49,6 +49,9 @@ pub struct EngineArgs {
     /// Bytes per copy of the mapped route (at most a slot), e.g. 2MiB.
     #[arg(long, default_value_t = ByteSize(EngineConfig::default().mapped_window_bytes as u64))]
     pub mapped_window: ByteSize,
+    /// Bytes per window of a write into local files (at most a slot), e.g. 4MiB.
+    #[arg(long, default_value_t = ByteSize(EngineConfig::default().write_window_bytes as u64))]
+    pub write_window: ByteSize,
     /// Bytes pinned per page-cache DMA window, e.g. 64MiB.
     #[arg(long, default_value_t = ByteSize(EngineConfig::default().dma_window_bytes as u64))]
     pub dma_window: ByteSize,
@@ -107,6 +110,7 @@ impl EngineArgs {
         c.dma_window_bytes = self.dma_window.bytes();
         c.read_request_bytes = self.read_request.bytes();
         c.mapped_window_bytes = self.mapped_window.bytes();
+        c.write_window_bytes = self.write_window.bytes();
         c.hot_choice_file = zerohop::hot_choice::default_file();
         c
     }

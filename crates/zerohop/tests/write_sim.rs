@@ -130,6 +130,43 @@ fn one_file_on_tmpfs_shared_by_workers_is_written_through_a_mapping() {
     assert_eq!(stats.mapped_bytes, 0, "{stats:?}");
 }
 
+/// Writes into local files go in windows of `write_window_bytes` (finer
+/// than the slots), and every byte lands; a write a filter sees keeps
+/// windows of whole slots (a filter's chunks lie inside one window).
+#[test]
+fn write_windows_are_cut_finer_than_slots_unless_filtered() {
+    let dir = TestDir::new("write-windows");
+    let slot = 64 << 10;
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig::default()));
+    let config = EngineConfig {
+        staging: StagingConfig {
+            total_bytes: slot * 8,
+            slot_bytes: slot,
+        },
+        io_threads: 3,
+        write_window_bytes: 16 << 10,
+        ..EngineConfig::default()
+    };
+    let e = Engine::new(dev, config).unwrap();
+    let data = pattern((1 << 20) + 333, 4);
+    let buf = upload(&e, &data);
+    let write = |name: &str, filter: Option<zerohop::WriteFilter<'_>>| {
+        let files = vec![SinkFile::create_new(&dir.path(name), data.len() as u64).unwrap()];
+        let mut plan = TransferPlan::new();
+        plan.add(&files, 0, 0, data.len() as u64, &buf, 0).unwrap();
+        let stats = e.write(&files, &plan, filter, None).unwrap();
+        drop(files);
+        assert!(
+            std::fs::read(dir.path(name)).unwrap() == data,
+            "{name}: other bytes"
+        );
+        stats.windows
+    };
+    assert_eq!(write("plain", None), data.len().div_ceil(16 << 10));
+    let all = |_: usize, _: u64, bytes: &[u8]| Ok(vec![0..bytes.len() as u64]);
+    assert_eq!(write("filtered", Some(&all)), data.len().div_ceil(slot));
+}
+
 #[test]
 fn overlapping_ranges_are_refused() {
     let dir = TestDir::new("write-overlap");

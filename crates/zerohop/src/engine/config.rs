@@ -65,6 +65,11 @@ pub struct EngineConfig {
     /// starts and copy queues costing more than they saved. Its window's
     /// copy is shared with the engine's parked helpers instead (`crew`).
     pub mapped_window_bytes: usize,
+    /// Bytes per window of a write into local files that no filter sees
+    /// (at most a slot; windows a filter sees, and the parts of remote
+    /// objects, are whole slots). Fewer bytes copied off the device and not
+    /// yet written stay in the CPU's cache until their write reads them.
+    pub write_window_bytes: usize,
     /// A file counts as hot when at least this fraction of it is cached.
     pub hot_threshold: f64,
     /// Hot bytes each route moves while `HotRoute::Auto` measures which is
@@ -99,6 +104,12 @@ impl Default for EngineConfig {
             // 4 MiB slots ran at 50.5-50.7 GB/s, 2 MiB ones at 47.3, 8 MiB
             // ones (in 8 MiB slots) at 41-49.
             mapped_window_bytes: 4 << 20,
+            // 8 GiB into 16 tmpfs files on the reference H200 machine, 16
+            // threads each copying into 2 slots and writing them out
+            // (`bench/probe/save_pipe.c`): 4 MiB slots 26.7 - 27.4 GB/s,
+            // 2 MiB ones 30.3 - 30.7, 1 MiB ones 28.6 - 29.6; the same
+            // bytes written from host memory 27.4 - 29.8.
+            write_window_bytes: 2 << 20,
             hot_threshold: 0.98,
             hot_probe_bytes: 512 << 20,
             hot_choice_file: None,

@@ -93,6 +93,7 @@ impl Engine {
         for (name, bytes) in [
             ("dma_window_bytes", config.dma_window_bytes),
             ("mapped_window_bytes", config.mapped_window_bytes),
+            ("write_window_bytes", config.write_window_bytes),
         ] {
             if bytes == 0 || !bytes.is_multiple_of(page) {
                 return Err(Error::invalid(format!(

@@ -33,7 +33,12 @@ impl Engine {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         wait_for_buffer_streams(self.device.as_ref(), plan.buffers())?;
         let slot_bytes = pool.config().slot_bytes as u64;
-        let mut windows = windows(plan.extents(), slot_bytes, DIRECT_ALIGN);
+        let remote = files.iter().any(|f| f.remote().is_some());
+        let cap = match filter.is_some() || remote {
+            true => slot_bytes,
+            false => (self.config.write_window_bytes as u64).min(slot_bytes),
+        };
+        let mut windows = windows(plan.extents(), cap, DIRECT_ALIGN);
         for (i, f) in files.iter().enumerate() {
             let Some(sink) = f.remote() else {
                 continue;
@@ -47,7 +52,6 @@ impl Engine {
         // before the part is sent), so as many parts are in flight as there
         // are threads. Local writes keep two slots each, a copy overlapping
         // each write.
-        let remote = files.iter().any(|f| f.remote().is_some());
         let min_slots = if remote { 1 } else { 2 };
         let staging_seconds = pool.allocate(self.device.as_ref())?;
         let shares = pool.worker_shares(self.config.io_threads.min(windows.len()), min_slots);
