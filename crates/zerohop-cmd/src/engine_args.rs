@@ -49,7 +49,7 @@ pub struct EngineArgs {
     /// Bytes per copy of the mapped route (at most a slot), e.g. 2MiB.
     #[arg(long, default_value_t = ByteSize(EngineConfig::default().mapped_window_bytes as u64))]
     pub mapped_window: ByteSize,
-    /// Bytes per window of a write into local files (at most a slot), e.g. 4MiB.
+    /// Bytes per window of a write into local files (at most a slot), e.g. 2MiB.
     #[arg(long, default_value_t = ByteSize(EngineConfig::default().write_window_bytes as u64))]
     pub write_window: ByteSize,
     /// Bytes pinned per page-cache DMA window, e.g. 64MiB.

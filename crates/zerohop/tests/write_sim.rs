@@ -163,7 +163,7 @@ fn write_windows_are_cut_finer_than_slots_unless_filtered() {
         stats.windows
     };
     assert_eq!(write("plain", None), data.len().div_ceil(16 << 10));
-    let all = |_: usize, _: u64, bytes: &[u8]| Ok(vec![0..bytes.len() as u64]);
+    let all = |_: usize, _: u64, bytes: &[u8]| Ok(std::iter::once(0..bytes.len() as u64).collect());
     assert_eq!(write("filtered", Some(&all)), data.len().div_ceil(slot));
 }
 

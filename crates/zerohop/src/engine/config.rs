@@ -104,12 +104,14 @@ impl Default for EngineConfig {
             // 4 MiB slots ran at 50.5-50.7 GB/s, 2 MiB ones at 47.3, 8 MiB
             // ones (in 8 MiB slots) at 41-49.
             mapped_window_bytes: 4 << 20,
-            // 8 GiB into 16 tmpfs files on the reference H200 machine, 16
-            // threads each copying into 2 slots and writing them out
-            // (`bench/probe/save_pipe.c`): 4 MiB slots 26.7 - 27.4 GB/s,
-            // 2 MiB ones 30.3 - 30.7, 1 MiB ones 28.6 - 29.6; the same
-            // bytes written from host memory 27.4 - 29.8.
-            write_window_bytes: 2 << 20,
+            // Whole slots. A plain pipeline of 16 threads, each copying
+            // into 2 slots and writing them out into a tmpfs file of its
+            // own, wrote 8 GiB at 26.7 - 27.4 GB/s through 4 MiB slots and
+            // at 30.3 - 30.7 through 2 MiB ones, against 27.4 - 29.8 from
+            // host memory (the reference H200 machine,
+            // `bench/probe/save_pipe.c`); the engine's saves with finer
+            // windows have no figure there.
+            write_window_bytes: 4 << 20,
             hot_threshold: 0.98,
             hot_probe_bytes: 512 << 20,
             hot_choice_file: None,
