@@ -8,6 +8,14 @@
 //   raw     pwrite from an 8 GiB host buffer (touched first), 4 MiB at a time
 //   pipe    copy + pwrite, per SLOT and DEPTH
 //   copy    the copies alone (no pwrite): the device-to-host ceiling
+// and, at the engine's geometry (2 slots of 4 MiB), two of the ways the
+// engine's save differs from this pipeline:
+//   pipe, huge-page block   slots in one anonymous mapping on huge pages,
+//                           registered with the driver (as the engine's
+//                           staging pool), not from cuMemHostAlloc
+//   pipe, shared cursor     every thread takes the next window of any
+//                           file (interleaved across files), as the
+//                           engine's workers do, not windows of its own file
 // Smaller slots keep less copied-but-unwritten data in flight (16 x DEPTH x
 // SLOT), which may stay in the CPU's last-level cache until written.
 //
@@ -21,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +41,7 @@ typedef int (*fn_dev)(int *, int);
 typedef int (*fn_retain)(void **, int);
 typedef int (*fn_ptr)(void *);
 typedef int (*fn_halloc)(void **, size_t, unsigned);
+typedef int (*fn_hreg)(void *, size_t, unsigned);
 typedef int (*fn_malloc)(unsigned long long *, size_t);
 typedef int (*fn_memset)(unsigned long long, unsigned char, size_t);
 typedef int (*fn_stream)(void **, unsigned);
@@ -46,6 +56,7 @@ static struct {
     fn_retain retain;
     fn_ptr set_current, event_sync;
     fn_halloc host_alloc;
+    fn_hreg host_register;
     fn_malloc mem_alloc;
     fn_memset memset_d8;
     fn_stream stream_create;
@@ -95,6 +106,7 @@ static void load_cuda(void) {
     cu.set_current = sym(lib, "cuCtxSetCurrent");
     cu.event_sync = sym(lib, "cuEventSynchronize");
     cu.host_alloc = sym(lib, "cuMemHostAlloc");
+    cu.host_register = sym(lib, "cuMemHostRegister_v2");
     cu.mem_alloc = sym(lib, "cuMemAlloc_v2");
     cu.memset_d8 = sym(lib, "cuMemsetD8_v2");
     cu.stream_create = sym(lib, "cuStreamCreate");
@@ -110,17 +122,22 @@ static void load_cuda(void) {
 }
 
 struct job {
+    int id;
     int fd;
     int write;                // pwrite each slot (else the copies alone)
-    unsigned long long dev;   // this thread's device range
+    int shared;               // take windows of any file from the shared cursor
+    unsigned long long dev;   // the device memory, all threads' ranges
     const uint8_t *host;      // raw rows: this thread's host range
-    uint64_t bytes;
+    uint64_t bytes;           // per thread (and per file)
     size_t slot;
     int depth;
     uint8_t *slots;
     void *stream;
     void *events[MAX_DEPTH];
 };
+
+static struct job jobs[THREADS];
+static uint64_t cursor;  // the shared cursor: windows handed out
 
 static void *raw_writer(void *arg) {
     struct job *j = arg;
@@ -129,27 +146,46 @@ static void *raw_writer(void *arg) {
     return NULL;
 }
 
+// The next window of thread `j` as (file, offset in it), or 0 when none is left.
+static int next_window(struct job *j, uint64_t *mine, int *file, uint64_t *at) {
+    uint64_t per_file = j->bytes / j->slot, k;
+    if (j->shared) {
+        k = __atomic_fetch_add(&cursor, 1, __ATOMIC_RELAXED);
+        if (k >= per_file * THREADS) return 0;
+        *file = k % THREADS;
+        *at = k / THREADS * j->slot;
+        return 1;
+    }
+    if (*mine >= per_file) return 0;
+    *file = j->id;
+    *at = (*mine)++ * j->slot;
+    return 1;
+}
+
 static void *pipe_writer(void *arg) {
     struct job *j = arg;
     check(cu.set_current(ctx), "cuCtxSetCurrent");
-    uint64_t n = j->bytes / j->slot, issued = 0, done = 0;
-    while (done < n) {
-        while (issued < n && issued - done < (uint64_t)j->depth) {
+    int file[MAX_DEPTH];
+    uint64_t at[MAX_DEPTH], mine = 0, issued = 0, done = 0;
+    int more = 1;
+    for (;;) {
+        while (more && issued - done < (uint64_t)j->depth) {
             int s = issued % j->depth;
-            check(cu.d2h_async(j->slots + s * j->slot, j->dev + issued * j->slot, j->slot, j->stream), "copy");
+            if (!(more = next_window(j, &mine, &file[s], &at[s]))) break;
+            unsigned long long src = j->dev + file[s] * j->bytes + at[s];
+            check(cu.d2h_async(j->slots + s * j->slot, src, j->slot, j->stream), "copy");
             check(cu.event_record(j->events[s], j->stream), "record");
             issued++;
         }
+        if (done == issued) break;
         int s = done % j->depth;
         check(cu.event_sync(j->events[s]), "wait");
-        if (j->write && pwrite(j->fd, j->slots + s * j->slot, j->slot, done * j->slot) != (ssize_t)j->slot)
+        if (j->write && pwrite(jobs[file[s]].fd, j->slots + s * j->slot, j->slot, at[s]) != (ssize_t)j->slot)
             die("pwrite");
         done++;
     }
     return NULL;
 }
-
-static struct job jobs[THREADS];
 
 // One row: every thread's job run at once into fresh files under `dir`.
 static void row(const char *dir, const char *label, uint64_t per_thread, void *(*fn)(void *)) {
@@ -162,13 +198,14 @@ static void row(const char *dir, const char *label, uint64_t per_thread, void *(
         if (ftruncate(jobs[i].fd, per_thread)) die("ftruncate");
     }
     pthread_t tids[THREADS];
+    cursor = 0;
     double t0 = now();
     for (int i = 0; i < THREADS; i++) pthread_create(&tids[i], NULL, fn, &jobs[i]);
     for (int i = 0; i < THREADS; i++) pthread_join(tids[i], NULL);
     for (int i = 0; i < THREADS; i++)
         if (jobs[i].write && fdatasync(jobs[i].fd)) die("fdatasync");
     double t = now() - t0;
-    printf("%-34s %6.2f GB/s  (%.3f s)\n", label, per_thread * THREADS / t / 1e9, t);
+    printf("%-38s %6.2f GB/s  (%.3f s)\n", label, per_thread * THREADS / t / 1e9, t);
     fflush(stdout);
     for (int i = 0; i < THREADS; i++) close(jobs[i].fd);
 }
@@ -189,12 +226,21 @@ int main(int argc, char **argv) {
     uint8_t *host = malloc(total);
     if (!host) die("malloc");
     memset(host, 0x5a, total);
-    uint8_t *slots;
+    uint8_t *slots, *block;
     const size_t max_slots = 32UL << 20;  // per thread: DEPTH x SLOT at most
     check(cu.host_alloc((void **)&slots, max_slots * THREADS, 0), "cuMemHostAlloc");
     memset(slots, 0, max_slots * THREADS);
+    // The engine's way: 2 slots of 4 MiB per thread in one block on huge
+    // pages, made present, then registered.
+    const size_t block_bytes = (8UL << 20) * THREADS;
+    block = mmap(NULL, block_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block == MAP_FAILED) die("mmap");
+    madvise(block, block_bytes, MADV_HUGEPAGE);
+    memset(block, 0, block_bytes);
+    check(cu.host_register(block, block_bytes, 0), "cuMemHostRegister");
     for (int i = 0; i < THREADS; i++) {
-        jobs[i].dev = dev + i * per_thread;
+        jobs[i].id = i;
+        jobs[i].dev = dev;
         jobs[i].host = host + i * per_thread;
         jobs[i].bytes = per_thread;
         jobs[i].slots = slots + i * max_slots;
@@ -220,6 +266,21 @@ int main(int argc, char **argv) {
                 jobs[i].write = pipes[p].write;
             }
             row(dir, label, per_thread, pipe_writer);
+        }
+        for (int variant = 0; variant < 2; variant++) {
+            for (int i = 0; i < THREADS; i++) {
+                jobs[i].slot = 4UL << 20;
+                jobs[i].depth = 2;
+                jobs[i].write = 1;
+                jobs[i].shared = variant == 1;
+                jobs[i].slots = variant == 0 ? block + i * (8UL << 20) : slots + i * max_slots;
+            }
+            row(dir, variant == 0 ? "pipe, huge-page block: 4096 KiB x 2" : "pipe, shared cursor: 4096 KiB x 2",
+                per_thread, pipe_writer);
+        }
+        for (int i = 0; i < THREADS; i++) {
+            jobs[i].shared = 0;
+            jobs[i].slots = slots + i * max_slots;
         }
     }
     return 0;
