@@ -67,8 +67,9 @@ pub struct EngineConfig {
     pub mapped_window_bytes: usize,
     /// Bytes per window of a write into local files that no filter sees
     /// (at most a slot; windows a filter sees, and the parts of remote
-    /// objects, are whole slots). Fewer bytes copied off the device and not
-    /// yet written stay in the CPU's cache until their write reads them.
+    /// objects, are whole slots). Finer windows leave fewer bytes copied
+    /// off the device and not yet written, which may then stay in the
+    /// CPU's cache until their write reads them.
     pub write_window_bytes: usize,
     /// A file counts as hot when at least this fraction of it is cached.
     pub hot_threshold: f64,
