@@ -105,14 +105,13 @@ impl Default for EngineConfig {
             // 4 MiB slots ran at 50.5-50.7 GB/s, 2 MiB ones at 47.3, 8 MiB
             // ones (in 8 MiB slots) at 41-49.
             mapped_window_bytes: 4 << 20,
-            // Whole slots. A plain pipeline of 16 threads, each copying
-            // into 2 slots and writing them out into a tmpfs file of its
-            // own, wrote 8 GiB at 26.7 - 27.4 GB/s through 4 MiB slots and
-            // at 30.3 - 30.7 through 2 MiB ones, against 27.4 - 29.8 from
-            // host memory (the reference H200 machine,
-            // `bench/probe/save_pipe.c`); the engine's saves with finer
-            // windows have no figure there.
-            write_window_bytes: 4 << 20,
+            // Half a slot. `zerohop checkpoint save` of 8 GiB into tmpfs
+            // (the reference H200 machine, two rounds each) moved one
+            // tensor at 20.6 - 20.8 GB/s through 2 MiB windows, against
+            // 16.4 - 17.6 through 4 MiB and 15.1 - 18.8 through 1 MiB, and
+            // 3,280 small tensors at 18.5 - 20.1 against 17.9 - 19.4 and
+            // 16.6 - 16.8.
+            write_window_bytes: 2 << 20,
             hot_threshold: 0.98,
             hot_probe_bytes: 512 << 20,
             hot_choice_file: None,
