@@ -341,6 +341,25 @@ pub(crate) fn whole_chunks(windows: Vec<Window>, file: usize, len: u64, cap: u64
     out
 }
 
+/// Orders windows round-robin across files, so workers write several files
+/// at once (writes into one file serialize on some file systems).
+pub(crate) fn interleave_files(windows: Vec<Window>) -> Vec<Window> {
+    let mut per_file: Vec<std::collections::VecDeque<Window>> = Vec::new();
+    for w in windows {
+        if per_file.len() <= w.file {
+            per_file.resize_with(w.file + 1, Default::default);
+        }
+        per_file[w.file].push_back(w);
+    }
+    let mut out = Vec::new();
+    while per_file.iter().any(|q| !q.is_empty()) {
+        for q in &mut per_file {
+            out.extend(q.pop_front());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -106,11 +106,14 @@ impl Default for EngineConfig {
             // ones (in 8 MiB slots) at 41-49.
             mapped_window_bytes: 4 << 20,
             // Half a slot. `zerohop checkpoint save` of 8 GiB into tmpfs
-            // (the reference H200 machine, two rounds each) moved one
-            // tensor at 20.6 - 20.8 GB/s through 2 MiB windows, against
-            // 16.4 - 17.6 through 4 MiB and 15.1 - 18.8 through 1 MiB, and
-            // 3,280 small tensors at 18.5 - 20.1 against 17.9 - 19.4 and
-            // 16.6 - 16.8.
+            // (the reference H200 machine) moved one tensor at 20.6 - 20.8
+            // GB/s through 2 MiB windows against 16.4 - 17.6 through 4 MiB
+            // (15.1 - 18.8 through 1 MiB), and 3,280 small tensors at
+            // 18.5 - 20.1 against 17.9 - 19.4; in a second machine start,
+            // 21.6 - 24.0 against 22.0 - 24.0, and 24.3 - 25.6 against
+            // 21.8 - 24.8. Workers keeping to files of their own instead
+            // of one shared cursor were slower there: 19.3 - 21.0 and
+            // 20.0 - 21.6.
             write_window_bytes: 2 << 20,
             hot_threshold: 0.98,
             hot_probe_bytes: 512 << 20,

@@ -8,7 +8,6 @@
 
 mod claims;
 mod config;
-mod file_queues;
 pub mod hot_choice;
 mod load;
 mod page_cache_dma;

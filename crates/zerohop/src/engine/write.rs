@@ -3,7 +3,7 @@
 use super::write_pipeline::{self, WriteFilter, WriteJob, WriteWorker};
 use super::{Engine, Progress};
 use crate::device::wait_for_buffer_streams;
-use crate::plan::{whole_chunks, windows, TransferPlan};
+use crate::plan::{interleave_files, whole_chunks, windows, TransferPlan};
 use crate::stats::{Direction, TransferStats};
 use crate::storage::{in_memory, sync_dir, IoMode, Origin, SinkFile, WriteMapping, DIRECT_ALIGN};
 use crate::{Error, ErrorKind, Result};
@@ -46,6 +46,7 @@ impl Engine {
             check_parts(f, sink.part_bytes(), slot_bytes)?;
             windows = whole_chunks(windows, i, f.len(), slot_bytes);
         }
+        let windows = interleave_files(windows);
         // A worker sends one part at a time and waits on the server for it:
         // with remote objects one slot each suffices (its copy is done long
         // before the part is sent), so as many parts are in flight as there
@@ -57,8 +58,7 @@ impl Engine {
         let threads = shares.len();
         let workers = shares
             .into_iter()
-            .enumerate()
-            .map(|(index, slots)| WriteWorker { index, slots })
+            .map(|slots| WriteWorker { slots })
             .collect();
         let job = WriteJob {
             device: self.device.as_ref(),

@@ -4,7 +4,6 @@
 //! fence behind those copies has passed, so copies and writes overlap (a
 //! worker keeps up to its slot count in flight, and workers run in parallel).
 
-use super::file_queues::FileQueues;
 use super::workers::{assert_fits, run_workers, Progress, QueuePool};
 use crate::device::{CopyQueue, Device, Fence};
 use crate::plan::Window;
@@ -14,7 +13,7 @@ use crate::storage::{write_mode, FilePair, IoMode, Origin, SinkFile, WriteBacken
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// Sees each window's bytes in its slot before they are written, and says
@@ -62,8 +61,6 @@ pub(super) struct WriteJob<'a> {
 }
 
 pub(super) struct WriteWorker<'s> {
-    /// Which worker it is, of how many: which files' windows it takes first.
-    pub index: usize,
     pub slots: StagingShare<'s>,
 }
 
@@ -76,11 +73,10 @@ struct Equipped<'s> {
 /// Runs `job` on `workers`. Either every window was written (or skipped by
 /// the filter) or an error is returned.
 pub(super) fn run(job: &WriteJob<'_>, workers: Vec<WriteWorker<'_>>) -> Result<Written> {
-    let queues = FileQueues::new(&job.windows);
-    let count = workers.len();
+    let next = AtomicUsize::new(0);
     let abort = AtomicBool::new(false);
     let mut total = Written::default();
-    for w in run_workers(workers, &abort, |w| work(job, (&queues, count), &abort, w))? {
+    for w in run_workers(workers, &abort, |w| work(job, &next, &abort, w))? {
         total.add(w);
     }
     Ok(total)
@@ -95,11 +91,10 @@ struct InFlight {
 
 fn work(
     job: &WriteJob<'_>,
-    (queues, workers): (&FileQueues, usize),
+    next: &AtomicUsize,
     abort: &AtomicBool,
     w: WriteWorker<'_>,
 ) -> Result<Written> {
-    let index = w.index;
     let started = Instant::now();
     let mut w = Equipped {
         slots: w.slots,
@@ -110,10 +105,8 @@ fn work(
     let mut pending: VecDeque<InFlight> = VecDeque::new();
     let mut result = Ok(());
     while result.is_ok() && !abort.load(Ordering::Relaxed) {
-        let Some(i) = queues.next(index, workers) else {
-            break;
-        };
-        let win = &job.windows[i];
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(win) = job.windows.get(i) else { break };
         let slot = loop {
             if let Some(slot) = w.slots.take(&mut free, pending.is_empty()) {
                 break Some(slot);
