@@ -105,11 +105,11 @@ impl Default for EngineConfig {
             // 4 MiB slots ran at 50.5-50.7 GB/s, 2 MiB ones at 47.3, 8 MiB
             // ones (in 8 MiB slots) at 41-49.
             mapped_window_bytes: 4 << 20,
-            // Half a slot. Saves of 8 GiB into tmpfs on the reference H200
-            // machine went as fast through 2 MiB windows as through whole
-            // 4 MiB slots, or faster (one tensor at 20.6 - 20.8 GB/s
-            // against 16.4 - 17.6 in one machine start, within the
-            // rounds' spread in others); 1 MiB ones were slower.
+            // Half the default slot. Saves of 8 GiB into tmpfs on the
+            // reference H200 machine went as fast through 2 MiB windows as
+            // through whole 4 MiB slots, or faster (one tensor at 20.6 -
+            // 20.8 GB/s against 16.4 - 17.6 in one machine start, within
+            // the rounds' spread in others); 1 MiB ones were slower.
             write_window_bytes: 2 << 20,
             hot_threshold: 0.98,
             hot_probe_bytes: 512 << 20,
