@@ -3,6 +3,7 @@ saving, directly and through the simulated device, checked against the
 safetensors package; and raw bytes, `read_into` and `write_from`, on any
 contiguous host buffer."""
 
+import json
 import os
 
 import numpy as np
@@ -290,3 +291,81 @@ def test_bulk_calls_pause_the_cycle_collector_and_restore_it(tmp_path, rng):
         assert gc.isenabled(), "an error restores it too"
     finally:
         gc.enable()
+
+
+def _counting_reads(monkeypatch):
+    """The bytes of each engine read that safe_open makes, in order."""
+    from zerohop import _safetensors
+    reads = []
+    real = _safetensors._native.read
+
+    def read(device, sources, pieces, *args, **kwargs):
+        reads.append(sum(n for _, _, n, _ in pieces))
+        return real(device, sources, pieces, *args, **kwargs)
+
+    monkeypatch.setattr(_safetensors._native, "read", read)
+    return reads
+
+
+def test_safe_open_reads_small_tensors_ahead_and_gives_out_copies(tmp_path, rng, monkeypatch):
+    from zerohop import _safetensors
+    # Three windows' worth of small tensors of several dtypes and sizes.
+    tensors = {}
+    for i in range(300):
+        dtype = (np.float32, np.int8, np.float64, np.uint16)[i % 4]
+        tensors[f"t{i:03d}"] = rng.integers(0, 100, (int(rng.integers(1, 40)), 997)).astype(dtype)
+    path = tmp_path / "small.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    monkeypatch.setattr(_safetensors, "READ_AHEAD_FIRST", 1 << 20)
+    monkeypatch.setattr(_safetensors, "READ_AHEAD_MOST", 4 << 20)
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        names = f.offset_keys()
+        got = {n: f.get_slice(n)[: max(1, f.get_slice(n).get_shape()[0] // 2)] for n in names}
+        for n, t in tensors.items():
+            assert np.array_equal(got[n], t[: max(1, t.shape[0] // 2)]) and got[n].dtype == t.dtype, n
+            # Each in memory of its own, not a view of the window: changing
+            # one changes nothing read after.
+            assert got[n].base is None, n
+        got[names[1]][...] = 0
+        assert np.array_equal(f.get_tensor(names[1]), tensors[names[1]])
+    total = sum(t.nbytes for t in tensors.values())
+    # The first small read alone, then windows of 1, 2 and 4 MiB.
+    assert reads[0] == got[names[0]].nbytes
+    assert reads[1] <= 1 << 20 and reads[2] <= 2 << 20 and max(reads) <= 4 << 20
+    assert len(reads) <= 3 + total // (3 << 20), reads
+
+
+def test_safe_open_reads_only_the_rows_of_a_large_tensor(tmp_path, rng, monkeypatch):
+    big = rng.integers(0, 255, (17 << 10, 1024), dtype=np.uint8)  # 17 MiB
+    small = {f"s{i}": np.full(1000, i, np.float32) for i in range(4)}
+    path = tmp_path / "big.safetensors"
+    st_numpy.save_file({"big": big, **small}, str(path))
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        for name in f.offset_keys():
+            if name != "big":
+                assert np.array_equal(f.get_slice(name)[1:3], small[name][1:3])
+        assert np.array_equal(f.get_slice("big")[100:200], big[100:200])
+    assert reads[-1] == 100 * 1024, "a large tensor is never read ahead"
+    assert max(reads) < 17 << 20
+
+
+def test_safe_open_reads_ahead_across_unaligned_tensors(tmp_path):
+    # A writer may place a tensor at an offset that is no multiple of its
+    # dtype's size: its bytes still come back whole.
+    values = np.arange(6, dtype=np.float32)
+    entries = {"a": ("F32", [1], values[:1].tobytes()), "b": ("U8", [3], b"\x01\x02\x03"),
+               "c": ("F32", [2, 3], values.tobytes()), "d": ("I16", [2], b"\x05\x00\x06\x00")}
+    header, data = {}, b""
+    for name, (dtype, shape, raw) in entries.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    blob = json.dumps(header).encode()
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(len(blob).to_bytes(8, "little") + blob + data)
+    with zerohop.safe_open(path, framework="np") as f:
+        assert f.get_tensor("a").tolist() == [0.0]
+        assert f.get_tensor("b").tolist() == [1, 2, 3]  # and c and d with it
+        assert np.array_equal(f.get_slice("c")[1], values[3:])
+        assert f.get_tensor("d").tolist() == [5, 6]

@@ -2,6 +2,7 @@
 the GPU tests, CUDA) is missing: CI has neither; the accelerator machine
 runs them from the wheel built by scripts/gpu.sh."""
 
+import json
 import os
 import threading
 
@@ -304,3 +305,34 @@ def test_a_failed_read_of_many_tensors_raises_once_the_views_are_made(tmp_path, 
     with pytest.raises(Exception, match="shrank|end of file|past the end"):
         zerohop._safetensors._load([str(path)], infos.values(), "cpu", "pt", False)
     assert not [t for t in threading.enumerate() if t.name == "zerohop-load"], "the read ended"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_safe_open_reads_small_tensors_ahead_even_unaligned(tmp_path, device):
+    # Small tensors of several dtypes, one at an offset that is no multiple
+    # of its size (a writer may place it so), read from the read-ahead
+    # window; one read on a stream of its own reads the window again.
+    g = torch.Generator().manual_seed(5)
+    tensors = {"a": torch.arange(3, dtype=torch.uint8)}
+    for i, dtype in enumerate([torch.float32, torch.bfloat16, torch.int64, torch.float16] * 10):
+        tensors[f"t{i:02d}"] = torch.randn(int(torch.randint(1, 30, (1,), generator=g)), 33, generator=g).to(dtype)
+    header, data = {}, b""
+    for name, t in tensors.items():
+        raw = bits(t)
+        dtype = {torch.uint8: "U8", torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.float16: "F16"}[t.dtype]
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    blob = json.dumps(header).encode()
+    path = tmp_path / "small.safetensors"
+    path.write_bytes(len(blob).to_bytes(8, "little") + blob + data)
+    with zerohop.safe_open(path, framework="pt", device=device) as f:
+        for name in f.offset_keys():
+            t = tensors[name]
+            part = f.get_slice(name)[: max(1, t.shape[0] // 2), 1:]
+            assert part.device == torch.device(device) and bits(part) == bits(t[: max(1, t.shape[0] // 2), 1:]), name
+            assert bits(f.get_tensor(name)) == bits(t), name
+        if device.startswith("cuda"):
+            with torch.cuda.stream(torch.cuda.Stream()):
+                again = f.get_tensor("t05")
+            torch.cuda.synchronize()
+            assert bits(again) == bits(tensors["t05"])

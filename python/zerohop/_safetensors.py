@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _buffers, _native
 from ._calls import without_cycle_collection
@@ -104,13 +104,17 @@ def _stamp(path: str) -> Tuple[Any, ...]:
 
 
 class safe_open:
-    """Opens a safetensors file to read only what is asked, as
+    """Opens a safetensors file to read what is asked, as
     `safetensors.safe_open` does: `keys()`, `metadata()`,
     `get_tensor(name)`, `get_slice(name)[rows, ...]`. Usable as a context
     manager. `framework="pt"` gives torch tensors, `framework="np"` numpy
-    arrays (host memory only). `filename` may be an object,
-    `s3://bucket/key`: then each read fetches only the bytes asked (ranged
-    requests)."""
+    arrays (host memory only). A tensor over 16 MiB is read alone, only the
+    rows asked. Once reads of smaller ones go forward through the file or
+    through its names, the small tensors that come next are read with
+    them, whole, in windows of up to 128 MiB (one held while the file is
+    open), and reads of those are copies out of it. `filename` may be an
+    object, `s3://bucket/key`: then each read fetches only the bytes asked
+    (ranged requests)."""
 
     def __init__(self, filename: PathLike, framework: str = "pt", device: Any = "cpu"):
         if framework in ("torch", "pytorch"):
@@ -124,6 +128,7 @@ class safe_open:
         self._stamp = _stamp(self._path)
         # Opened (and mapped) once for all the reads to come.
         self._sources = _native.Sources([self._path])
+        self._read_ahead = _ReadAhead(self._tensors.values()) if not _native.is_object(self._path) else None
 
     def __enter__(self) -> "safe_open":
         return self
@@ -132,6 +137,8 @@ class safe_open:
         # The file's descriptors and mapping go now, not when the object
         # does; a read after this opens the file again.
         self._sources = None
+        if self._read_ahead is not None:
+            self._read_ahead.window = None
         return None
 
     def _opened(self) -> Any:
@@ -161,8 +168,29 @@ class safe_open:
 
     def get_tensor(self, name: str) -> Any:
         """Reads this one tensor."""
+        info = self._info(name)
+        part, shared = self._read(info, info.begin, info.end, info.shape)
+        return _own(part) if shared else part
+
+    def _read(self, info: _Tensor, begin: int, end: int, shape: List[int]) -> Tuple[Any, bool]:
+        """The bytes [begin, end) of `info` as a tensor of its dtype and
+        `shape`, and whether it is a view of the read-ahead window (which
+        the caller copies before giving it out)."""
         self._check_unchanged()
-        return _load(self._opened(), [self._info(name)], self._device, self._framework, False)[name]
+        ahead = self._read_ahead
+        if ahead is not None:
+            stream = _buffers.current_stream(self._device)
+            if not ahead.holds(info.name, stream):
+                wanted = ahead.next_window(info)
+                if wanted is not None:
+                    ahead.window = None  # freed before the next is allocated
+                    ahead.window = _read_window(self._opened(), wanted, self._device, self._framework, stream)
+            else:
+                ahead.last = info.name
+            if ahead.holds(info.name, stream):
+                return _typed(ahead.window, info, begin, end, shape, self._framework)
+        rows = _Tensor(0, info.name, info.dtype, shape, begin, end)
+        return _load(self._opened(), [rows], self._device, self._framework, False)[info.name], False
 
     def get_slice(self, name: str) -> "TensorSlice":
         """A handle that reads only the rows an index asks for."""
@@ -199,27 +227,128 @@ class TensorSlice:
             raise ValueError("negative slice steps are not supported")
         stop = max(start, stop)
         row_bytes = (self._info.end - self._info.begin) // shape[0] if shape[0] else 0
-        rows = _Tensor(
-            0,
-            self._info.name,
-            self._info.dtype,
-            [stop - start] + list(shape[1:]),
+        part, shared = self._file._read(
+            self._info,
             self._info.begin + start * row_bytes,
             self._info.begin + stop * row_bytes,
+            [stop - start] + list(shape[1:]),
         )
-        self._file._check_unchanged()
-        part = _load(self._file._opened(), [rows], self._file._device, self._file._framework, False)[rows.name]
         if step == 1 and not isinstance(first, int) and all(isinstance(r, slice) and r == slice(None) for r in rest):
-            return part  # just the rows: no view to make
+            return _own(part) if shared else part  # just the rows: no view to make
         # The rows read, then the rest of the index on the dimensions after.
         # A part of them comes back as a fresh copy, as safetensors returns
         # it, so the bytes read but not kept are freed.
         picked = part[(0 if isinstance(first, int) else slice(None, None, step),) + rest]
         size = getattr(picked, "size", None)
         smaller = (picked.numel() < part.numel()) if hasattr(picked, "numel") else (size is not None and size < part.size)
-        if not smaller:
-            return picked
-        return picked.clone() if hasattr(picked, "clone") else picked.copy()
+        return _own(picked) if shared or smaller else picked
+
+
+# A read of a small tensor through `safe_open` costs its call (about half
+# a millisecond for 1 MiB into a GPU on the H200 machine) more than its
+# bytes, and a program reading them in order reads the ones after too (a
+# tensor-parallel rank takes its part of every tensor). So once two reads
+# go forward in the file's order or the names' (keys()), the small tensors
+# that come next in that order are read with the second, whole, in one
+# engine call: a window of READ_AHEAD_FIRST bytes, twice as many each time
+# up to READ_AHEAD_MOST. Reads of what it holds are copies out of it.
+# Reads that jump about get no window. A tensor over
+# READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked; objects in a
+# store are never read ahead.
+READ_AHEAD_TENSOR_BYTES = 16 << 20
+READ_AHEAD_FIRST = 16 << 20
+READ_AHEAD_MOST = 128 << 20
+# How far ahead in an order the next read may land and still count as
+# going forward (a program may skip a few tensors of each layer).
+READ_AHEAD_STRIDE = 4
+
+
+class _Window(NamedTuple):
+    at: Dict[str, int]  # where each tensor's bytes start in `raw`
+    stream: Optional[int]
+    raw: Any  # uint8 tensor or array
+
+
+class _ReadAhead:
+    """One file's read-ahead: the window held, and the reads that decide
+    the next one."""
+
+    def __init__(self, tensors: Iterable[_Tensor]):
+        tensors = list(tensors)
+        self.orders = (sorted(tensors, key=lambda t: t.begin), sorted(tensors, key=lambda t: t.name))
+        self.places = [{t.name: i for i, t in enumerate(order)} for order in self.orders]
+        self.window: Optional[_Window] = None
+        self.last: Optional[str] = None
+        self.windows = 0
+
+    def holds(self, name: str, stream: Optional[int]) -> bool:
+        # Only on the stream it was read on: torch may hand its memory out
+        # again once it is dropped, ordered after that stream only.
+        w = self.window
+        return w is not None and name in w.at and w.stream == stream
+
+    def next_window(self, info: _Tensor) -> Optional[List[_Tensor]]:
+        """The tensors the window read with `info` holds (`info` first);
+        None when `info` is read alone."""
+        last, self.last = self.last, info.name
+        if last is None or info.end - info.begin > READ_AHEAD_TENSOR_BYTES:
+            return None
+        for order, place in zip(self.orders, self.places):
+            i = place[info.name]
+            if 0 < i - place[last] <= READ_AHEAD_STRIDE:
+                budget = min(READ_AHEAD_MOST, READ_AHEAD_FIRST << min(self.windows, 8))
+                self.windows += 1
+                picked, total = [], 0
+                for t in order[i:]:
+                    n = t.end - t.begin
+                    if n > READ_AHEAD_TENSOR_BYTES or (picked and total + n > budget):
+                        break
+                    picked.append(t)
+                    total += n
+                return picked
+        return None
+
+
+def _read_window(sources: Any, tensors: List[_Tensor], device: str, framework: str, stream: Optional[int]) -> _Window:
+    """`tensors`, whole, one after another in one buffer, in one engine call."""
+    at: Dict[str, int] = {}
+    total = 0
+    for t in tensors:
+        at[t.name] = total
+        total += t.end - t.begin
+    raw = _buffers.empty(framework, "U8", [total], device)
+    base = _buffers.address(raw)
+    pieces: List[List[int]] = []
+    for t in tensors:
+        n, addr = t.end - t.begin, base + at[t.name]
+        # Neighbours in the file are one piece.
+        if pieces and pieces[-1][1] + pieces[-1][2] == t.begin and pieces[-1][3] + pieces[-1][2] == addr:
+            pieces[-1][2] += n
+        elif n:
+            pieces.append([0, t.begin, n, addr])
+    if pieces:
+        _native.read(device, sources, [tuple(p) for p in pieces], stream, False, stats=False)
+    return _Window(at, stream, raw)
+
+
+def _typed(window: _Window, info: _Tensor, begin: int, end: int, shape: List[int], framework: str) -> Tuple[Any, bool]:
+    """Bytes [begin, end) of `info` out of `window`, as its dtype and
+    `shape`: a view of the window, or a copy where torch cannot view the
+    bytes as the dtype in place (a start not a multiple of its size)."""
+    at = window.at[info.name] + begin - info.begin
+    part = window.raw[at:at + end - begin]
+    if framework == "np":
+        return part.view(_buffers.numpy_dtype(info.dtype)).reshape(shape), True
+    typed = _buffers.torch_dtype(info.dtype)
+    shared = at % typed.itemsize == 0
+    if not shared:
+        part = part.clone()
+    return part.view(typed).view(_buffers.storage_shape(info.dtype, shape)), shared
+
+
+def _own(x: Any) -> Any:
+    """A copy of a view, in memory of its own."""
+    return x.clone() if hasattr(x, "clone") else x.copy()
 
 
 def _first_index(index: Any, ndim: int) -> Tuple[Any, Tuple[Any, ...]]:
