@@ -369,3 +369,59 @@ def test_safe_open_reads_ahead_across_unaligned_tensors(tmp_path):
         assert f.get_tensor("b").tolist() == [1, 2, 3]  # and c and d with it
         assert np.array_equal(f.get_slice("c")[1], values[3:])
         assert f.get_tensor("d").tolist() == [5, 6]
+
+
+def test_safe_open_reads_ahead_in_name_order_and_not_when_reads_jump(tmp_path, rng, monkeypatch):
+    # Mixed dtypes: safetensors places them by alignment, so the names'
+    # order (keys()) is not the file's.
+    tensors = {f"t{i:03d}": rng.integers(0, 100, 300).astype((np.float64, np.int8)[i % 2]) for i in range(120)}
+    path = tmp_path / "mixed.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        assert f.keys() != f.offset_keys()
+        for name in f.keys():
+            assert np.array_equal(f.get_tensor(name), tensors[name]), name
+    assert len(reads) <= 3, reads
+    reads.clear()
+    with zerohop.safe_open(path, framework="np") as f:
+        names, in_file = f.keys(), {n: i for i, n in enumerate(f.offset_keys())}
+        # No step forward by 1 - 8 in either order.
+        jumps = []
+        for b in (names[int(i)] for i in rng.permutation(120)):
+            a = jumps[-1] if jumps else None
+            if a is None or not (0 < names.index(b) - names.index(a) <= 8 or 0 < in_file[b] - in_file[a] <= 8):
+                jumps.append(b)
+        assert len(jumps) > 50
+        for name in jumps:
+            assert np.array_equal(f.get_slice(name)[10:20], tensors[name][10:20])
+    assert reads == [10 * tensors[n].itemsize for n in jumps]
+
+
+def test_a_failed_read_ahead_fails_the_read_that_needs_it_and_no_other(tmp_path, monkeypatch):
+    from zerohop import _safetensors
+    tensors = {f"t{i:03d}": np.full(1000, i, np.float32) for i in range(40)}
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    monkeypatch.setattr(_safetensors, "READ_AHEAD_FIRST", 40_000)
+    monkeypatch.setattr(_safetensors, "READ_AHEAD_MOST", 40_000)
+    real, calls = _safetensors._native.read, []
+
+    def read(*args, **kwargs):
+        calls.append(None)
+        if len(calls) == 3:  # the window read ahead, on its thread
+            raise OSError(5, "Input/output error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_safetensors._native, "read", read)
+    with zerohop.safe_open(path, framework="np") as f:
+        names = f.keys()
+        got = {}
+        for name in names:
+            try:
+                got[name] = f.get_tensor(name)
+            except OSError:
+                got[name] = None
+    failed = [n for n, g in got.items() if g is None]
+    assert len(failed) == 1, failed
+    assert all(np.array_equal(g, tensors[n]) for n, g in got.items() if g is not None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 import os
+import threading
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _buffers, _native
@@ -111,8 +112,9 @@ class safe_open:
     arrays (host memory only). A tensor over 16 MiB is read alone, only the
     rows asked. Once reads of smaller ones go forward through the file or
     through its names, the small tensors that come next are read with
-    them, whole, in windows of up to 128 MiB (one held while the file is
-    open), and reads of those are copies out of it. `filename` may be an
+    them, whole, in windows of up to 128 MiB (two held while the file is
+    open: the one in use, and the next, read meanwhile), and reads of those
+    are copies out of them. `filename` may be an
     object, `s3://bucket/key`: then each read fetches only the bytes asked
     (ranged requests)."""
 
@@ -138,7 +140,7 @@ class safe_open:
         # does; a read after this opens the file again.
         self._sources = None
         if self._read_ahead is not None:
-            self._read_ahead.window = None
+            self._read_ahead.close()
         return None
 
     def _opened(self) -> Any:
@@ -177,18 +179,10 @@ class safe_open:
         `shape`, and whether it is a view of the read-ahead window (which
         the caller copies before giving it out)."""
         self._check_unchanged()
-        ahead = self._read_ahead
-        if ahead is not None:
-            stream = _buffers.current_stream(self._device)
-            if not ahead.holds(info.name, stream):
-                wanted = ahead.next_window(info)
-                if wanted is not None:
-                    ahead.window = None  # freed before the next is allocated
-                    ahead.window = _read_window(self._opened(), wanted, self._device, self._framework, stream)
-            else:
-                ahead.last = info.name
-            if ahead.holds(info.name, stream):
-                return _typed(ahead.window, info, begin, end, shape, self._framework)
+        if self._read_ahead is not None:
+            window = self._read_ahead.window_for(info, self._opened(), self._device, self._framework)
+            if window is not None:
+                return _typed(window, info, begin, end, shape, self._framework)
         rows = _Tensor(0, info.name, info.dtype, shape, begin, end)
         return _load(self._opened(), [rows], self._device, self._framework, False)[info.name], False
 
@@ -251,10 +245,11 @@ class TensorSlice:
 # go forward in the file's order or the names' (keys()), the small tensors
 # that come next in that order are read with the second, whole, in one
 # engine call: a window of READ_AHEAD_FIRST bytes, twice as many each time
-# up to READ_AHEAD_MOST. Reads of what it holds are copies out of it.
+# up to READ_AHEAD_MOST, and the window after it is read on a thread while
+# this one is used. Reads of what a window holds are copies out of it.
 # Reads that jump about get no window. A tensor over
-# READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked; objects in a
-# store are never read ahead.
+# READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked, and windows
+# pass over it; objects in a store are never read ahead.
 READ_AHEAD_TENSOR_BYTES = 16 << 20
 READ_AHEAD_FIRST = 16 << 20
 READ_AHEAD_MOST = 128 << 20
@@ -267,68 +262,124 @@ class _Window(NamedTuple):
     at: Dict[str, int]  # where each tensor's bytes start in `raw`
     stream: Optional[int]
     raw: Any  # uint8 tensor or array
+    order: int  # which of _ReadAhead.orders it follows
+    after: int  # the place in that order after its last tensor
+
+    def holds(self, name: str, stream: Optional[int]) -> bool:
+        # Only on the stream it was read on: torch may hand its memory out
+        # again once it is dropped, ordered after that stream only.
+        return name in self.at and self.stream == stream
+
+
+class _WindowRead:
+    """A window's tensors, whole, one after another in one buffer, read in
+    one engine call on a thread of its own (the call lets go of the GIL).
+    The buffer is allocated here, on the caller's thread and stream."""
+
+    def __init__(self, sources: Any, tensors: List[_Tensor], device: str, framework: str,
+                 stream: Optional[int], order: int, after: int):
+        at: Dict[str, int] = {}
+        total = 0
+        for t in tensors:
+            at[t.name] = total
+            total += t.end - t.begin
+        raw = _buffers.empty(framework, "U8", [total], device)
+        base = _buffers.address(raw)
+        pieces: List[List[int]] = []
+        for t in tensors:
+            n, addr = t.end - t.begin, base + at[t.name]
+            # Neighbours in the file are one piece.
+            if pieces and pieces[-1][1] + pieces[-1][2] == t.begin and pieces[-1][3] + pieces[-1][2] == addr:
+                pieces[-1][2] += n
+            elif n:
+                pieces.append([0, t.begin, n, addr])
+        self.window = _Window(at, stream, raw, order, after)
+        self._failed: List[BaseException] = []
+        self._thread = threading.Thread(target=self._read, args=(device, sources, [tuple(p) for p in pieces], stream),
+                                        name="zerohop-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _read(self, device: str, sources: Any, pieces: List[Tuple[int, ...]], stream: Optional[int]) -> None:
+        try:
+            if pieces:
+                _native.read(device, sources, pieces, stream, False, stats=False)
+        except BaseException as e:  # raised by wait()
+            self._failed.append(e)
+
+    def wait(self) -> _Window:
+        self._thread.join()
+        if self._failed:
+            raise self._failed[0]
+        return self.window
 
 
 class _ReadAhead:
-    """One file's read-ahead: the window held, and the reads that decide
-    the next one."""
+    """One file's read-ahead: the window in use, the one being read after
+    it, and the reads that decide the next."""
 
     def __init__(self, tensors: Iterable[_Tensor]):
         tensors = list(tensors)
         self.orders = (sorted(tensors, key=lambda t: t.begin), sorted(tensors, key=lambda t: t.name))
         self.places = [{t.name: i for i, t in enumerate(order)} for order in self.orders]
         self.window: Optional[_Window] = None
+        self.next: Optional[_WindowRead] = None
         self.last: Optional[str] = None
         self.windows = 0
 
-    def holds(self, name: str, stream: Optional[int]) -> bool:
-        # Only on the stream it was read on: torch may hand its memory out
-        # again once it is dropped, ordered after that stream only.
-        w = self.window
-        return w is not None and name in w.at and w.stream == stream
-
-    def next_window(self, info: _Tensor) -> Optional[List[_Tensor]]:
-        """The tensors the window read with `info` holds (`info` first);
+    def window_for(self, info: _Tensor, sources: Any, device: str, framework: str) -> Optional[_Window]:
+        """The window that holds `info`, read now if reads go forward;
         None when `info` is read alone."""
+        stream = _buffers.current_stream(device)
         last, self.last = self.last, info.name
-        if last is None or info.end - info.begin > READ_AHEAD_TENSOR_BYTES:
+        if info.end - info.begin > READ_AHEAD_TENSOR_BYTES:
+            return None  # and the windows stay: small tensors may follow
+        if self.window is not None and self.window.holds(info.name, stream):
+            return self.window
+        self.window = None  # freed before the next is allocated
+        if self.next is not None and self.next.window.holds(info.name, stream):
+            taken, self.next = self.next, None
+            self.window = taken.wait()
+        else:
+            self.close()
+            forward = [k for k, place in enumerate(self.places)
+                       if last is not None and 0 < place[info.name] - place[last] <= READ_AHEAD_STRIDE]
+            if not forward:
+                return None
+            k = forward[0]
+            first = self._read(k, self.places[k][info.name], sources, device, framework, stream)
+            assert first is not None  # `info` itself is small
+            self.window = first.wait()
+        self.next = self._read(self.window.order, self.window.after, sources, device, framework, stream)
+        return self.window
+
+    def _read(self, k: int, i: int, sources: Any, device: str, framework: str,
+              stream: Optional[int]) -> Optional[_WindowRead]:
+        """Starts reading the window of order `k` from place `i` on: the
+        small tensors there (large ones are skipped: they are read alone),
+        up to the next budget. None when none are left."""
+        order = self.orders[k]
+        picked: List[_Tensor] = []
+        budget = min(READ_AHEAD_MOST, READ_AHEAD_FIRST << min(self.windows, 8))
+        total = 0
+        while i < len(order):
+            n = order[i].end - order[i].begin
+            if n <= READ_AHEAD_TENSOR_BYTES:
+                if picked and total + n > budget:
+                    break
+                picked.append(order[i])
+                total += n
+            i += 1
+        if not picked:
             return None
-        for order, place in zip(self.orders, self.places):
-            i = place[info.name]
-            if 0 < i - place[last] <= READ_AHEAD_STRIDE:
-                budget = min(READ_AHEAD_MOST, READ_AHEAD_FIRST << min(self.windows, 8))
-                self.windows += 1
-                picked, total = [], 0
-                for t in order[i:]:
-                    n = t.end - t.begin
-                    if n > READ_AHEAD_TENSOR_BYTES or (picked and total + n > budget):
-                        break
-                    picked.append(t)
-                    total += n
-                return picked
-        return None
+        self.windows += 1
+        return _WindowRead(sources, picked, device, framework, stream, k, i)
 
-
-def _read_window(sources: Any, tensors: List[_Tensor], device: str, framework: str, stream: Optional[int]) -> _Window:
-    """`tensors`, whole, one after another in one buffer, in one engine call."""
-    at: Dict[str, int] = {}
-    total = 0
-    for t in tensors:
-        at[t.name] = total
-        total += t.end - t.begin
-    raw = _buffers.empty(framework, "U8", [total], device)
-    base = _buffers.address(raw)
-    pieces: List[List[int]] = []
-    for t in tensors:
-        n, addr = t.end - t.begin, base + at[t.name]
-        # Neighbours in the file are one piece.
-        if pieces and pieces[-1][1] + pieces[-1][2] == t.begin and pieces[-1][3] + pieces[-1][2] == addr:
-            pieces[-1][2] += n
-        elif n:
-            pieces.append([0, t.begin, n, addr])
-    if pieces:
-        _native.read(device, sources, [tuple(p) for p in pieces], stream, False, stats=False)
-    return _Window(at, stream, raw)
+    def close(self) -> None:
+        """Lets the windows go, once a read under way is over."""
+        self.window = None
+        if self.next is not None:
+            self.next._thread.join()
+            self.next = None
 
 
 def _typed(window: _Window, info: _Tensor, begin: int, end: int, shape: List[int], framework: str) -> Tuple[Any, bool]:
