@@ -20,16 +20,23 @@ stage() {
         target/release/libhf3fs_api_shared.so .stage/bin/
     # The S3-compatible server of the s3 step and the Python suite's
     # object storage tests (scripts/test.sh builds it).
-    [ -x .tools/bin/s3s-fs ] || { echo "no .tools/bin/s3s-fs: run scripts/test.sh first, which builds it"; exit 2; }
-    cp .tools/bin/s3s-fs .stage/bin/
+    # Without it, those steps fail and those tests skip, each saying why.
+    if [ -x .tools/bin/s3s-fs ]; then
+        cp .tools/bin/s3s-fs .stage/bin/
+    else
+        echo "stage: no .tools/bin/s3s-fs (scripts/test.sh builds it): the s3 steps and tests will not run"
+    fi
     # The write and pinning probe of the write-probe step.
     mkdir -p .stage/probe
     gcc -O2 -Wall -pthread -o .stage/probe/write_and_pin bench/probe/write_and_pin.c -ldl
     [ -f .tools/garage.xz ] && cp .tools/garage.xz .stage/
     # CRIU 4 with its libraries, for freeze/thaw (scripts/build-criu.sh
     # builds it; about 6 MiB).
-    [ -x .tools/criu/criu ] || { echo "no .tools/criu/criu: build it with scripts/build-criu.sh SRC"; exit 2; }
-    cp -r .tools/criu .stage/criu
+    if [ -x .tools/criu/criu ]; then
+        cp -r .tools/criu .stage/criu
+    else
+        echo "stage: no .tools/criu/criu (scripts/build-criu.sh SRC builds it): freeze and thaw will not run"
+    fi
     # The test targets that hold GPU tests (#[ignore = "needs an NVIDIA
     # GPU"] here); the rest run in CI. Fewer binaries keep the carried
     # tree under the device tool's size limit.
@@ -44,7 +51,8 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and exe and m["target"]["name"] in gpu:
         shutil.copy(exe, ".stage/tests/" + m["target"]["name"])
 '
-    strip .stage/bin/* .stage/tests/* .stage/criu/bin/criu
+    strip .stage/bin/* .stage/tests/*
+    [ -d .stage/criu ] && strip .stage/criu/bin/criu
     # maturin from the tests' virtual environment (never the system's
     # Python): scripts/test.sh makes it.
     local py=.venv/bin/python
