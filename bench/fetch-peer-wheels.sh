@@ -2,10 +2,8 @@
 # Download the wheels that bench/peers.py (and pytest) need on the GPU machine, which has
 # no network.  Run this on a machine that reaches the package registry; the
 # wheels land in .whl/ at the repository root (git-ignored) and travel with the
-# working tree.  On the GPU machine install them with:
-#
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-#       --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+# working tree.  On the GPU machine bench/gpu-steps.sh installs them
+# (install_wheels), compiled to bytecode as pip leaves them for a user.
 #
 # Target: CPython 3.12, manylinux x86_64.  --no-deps is deliberate: the GPU
 # machine already has torch 2.11 (cu130), numpy, cupy-cuda13x, safetensors,

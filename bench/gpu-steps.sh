@@ -20,11 +20,21 @@ install_wheels() {
     local set dir
     for set in .stage/wheel .whl .whl-s3; do
         dir=/tmp/site-${set//[.\/]/}
-        [ -d "$set" ] && [ ! -d "$dir" ] && python3 -m pip install -q --no-index --no-deps --no-compile \
-            --no-cache-dir --target "$dir" "$set"/*.whl
+        [ -d "$set" ] && [ ! -d "$dir" ] && install_compiled "$dir" "$set"/*.whl
         PYTHONPATH=$dir${PYTHONPATH:+:$PYTHONPATH}
     done
     export PYTHONPATH
+}
+# Wheels into folder $1, with their modules compiled to bytecode, as
+# `pip install` leaves them for a user. The GPU machine sets
+# PYTHONDONTWRITEBYTECODE=1, so modules installed without bytecode are
+# compiled again by every process that imports them: `import zerohop`
+# took 23 - 36 ms that way against 4.1 - 4.7 ms compiled (H200,
+# bench/probe/import_time.py), inside every first call the matrix times.
+install_compiled() {
+    local dir=$1; shift
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$dir" "$@"
+    python3 -m compileall -q "$dir" > /dev/null
 }
 # The VM grows its memory on first touch (~0.6 s per GiB): touch it
 # once, so no timed run pays for that. bench/peers.py does the same
@@ -259,6 +269,13 @@ step_timeline() {
     python3 bench/probe/load_timeline.py $HOT --runs "${ZEROHOP_TIMELINE_RUNS:-5}" | tee -a "$OUT/load-timeline.txt"
 }
 
+step_import() {
+    # What `import zerohop` costs after torch's CUDA context, and where
+    # (bench/probe/import_time.py).
+    install_wheels
+    python3 bench/probe/import_time.py | tee "$OUT/import.txt"
+}
+
 step_checkpoint() {
     # Save/restore 16 GiB of device memory to disk and to tmpfs:
     # zerohop (with raw write/read limits) and its peers, same run.
@@ -304,8 +321,7 @@ step_matrix() {
     warm_memory; install_wheels
     local before=()
     if compgen -G ".before/wheel/*.whl" > /dev/null; then
-        [ -d /tmp/site-before ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-            --target /tmp/site-before .before/wheel/*.whl
+        [ -d /tmp/site-before ] || install_compiled /tmp/site-before .before/wheel/*.whl
         before=(--before /tmp/site-before --before-commit "$(cat .before/commit 2> /dev/null || echo unknown)")
     fi
     # shellcheck disable=SC2086 # ZEROHOP_MATRIX_ARGS is a list of options
