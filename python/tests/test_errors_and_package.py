@@ -208,3 +208,49 @@ def test_a_debug_build_says_so_when_imported():
     assert done.returncode == 0, done.stderr
     said = "DebugBuildWarning" in done.stderr
     assert said == zerohop._native.DEBUG_BUILD, done.stderr
+
+
+# Every module of the package imported first in a fresh interpreter (a
+# circle between them shows as a half-initialised module here), and the
+# package's names: those it imports at first use are not imported by
+# `import zerohop`, and each is there when asked for.
+_IMPORT_FIRST = """
+import importlib, sys
+name = sys.argv[1]
+importlib.import_module(name)
+import zerohop
+for public in zerohop.__all__:
+    getattr(zerohop, public)
+"""
+
+_AT_FIRST_USE = """
+import sys, zerohop
+late = ("zerohop.agent", "zerohop.checkpoint", "zerohop._process", "zerohop._suspend", "zerohop._flat")
+assert not [m for m in late if m in sys.modules], [m for m in late if m in sys.modules]
+assert set(zerohop._AT_FIRST_USE) <= set(dir(zerohop)) and set(zerohop._AT_FIRST_USE) <= set(zerohop.__all__)
+assert zerohop.checkpoint is sys.modules["zerohop.checkpoint"] and callable(zerohop.checkpoint.save)
+assert zerohop.suspend is sys.modules["zerohop._suspend"].suspend
+try:
+    zerohop.no_such_name
+except AttributeError as e:
+    assert "no_such_name" in str(e), e
+else:
+    raise AssertionError("an unknown name was found")
+"""
+
+
+@pytest.mark.parametrize("module", ["zerohop", "zerohop.agent", "zerohop.checkpoint", "zerohop._process",
+                                    "zerohop._suspend", "zerohop._safetensors", "zerohop._flat",
+                                    "zerohop._sharded", "zerohop._buffers", "zerohop.dcp", "zerohop.distributed"])
+def test_each_module_imports_first_in_a_fresh_interpreter(module):
+    if module in ("zerohop.dcp", "zerohop.distributed"):
+        pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", _IMPORT_FIRST, module], capture_output=True, text=True,
+                          env=dict(os.environ, ZEROHOP_PREPARE="0"))
+    assert done.returncode == 0, done.stderr
+
+
+def test_import_leaves_what_only_some_programs_use_until_first_use():
+    done = subprocess.run([sys.executable, "-c", _AT_FIRST_USE], capture_output=True, text=True,
+                          env=dict(os.environ, ZEROHOP_PREPARE="0"))
+    assert done.returncode == 0, done.stderr

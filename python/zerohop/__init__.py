@@ -18,19 +18,51 @@ arrays instead of torch tensors (torch need not be installed);
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import sys
 import threading
-from typing import Any, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
-from . import _buffers, _native, agent, checkpoint
+from . import _buffers, _native
 from ._native import IntegrityError
-from ._process import freeze, thaw
 from ._safetensors import TensorSlice, load_file, safe_open, save_file
-from ._suspend import resume, serve_suspend, suspend, suspendable
+
+if TYPE_CHECKING:
+    from . import agent, checkpoint
+    from ._process import freeze, thaw
+    from ._suspend import resume, serve_suspend, suspend, suspendable
 
 __version__ = _native.__version__
+
+# Imported at first use, as (module, name in it; None: the module itself):
+# `import zerohop` sits inside a first load's wait where the import is, and
+# a program that only loads never needs these.
+_AT_FIRST_USE = {
+    "agent": ("agent", None),
+    "checkpoint": ("checkpoint", None),
+    "freeze": ("_process", "freeze"),
+    "thaw": ("_process", "thaw"),
+    "resume": ("_suspend", "resume"),
+    "serve_suspend": ("_suspend", "serve_suspend"),
+    "suspend": ("_suspend", "suspend"),
+    "suspendable": ("_suspend", "suspendable"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _AT_FIRST_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attr = _AT_FIRST_USE[name]
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_AT_FIRST_USE))
 
 
 class DebugBuildWarning(RuntimeWarning):
