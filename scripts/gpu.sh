@@ -20,7 +20,7 @@ stage() {
         target/release/libhf3fs_api_shared.so .stage/bin/
     # The S3-compatible server of the s3 step and the Python suite's
     # object storage tests (scripts/test.sh builds it).
-    # Without it, those steps fail and those tests skip, each saying why.
+    # Without it, those steps and the Python suite's S3 tests fail, saying why.
     if [ -x .tools/bin/s3s-fs ]; then
         cp .tools/bin/s3s-fs .stage/bin/
     else

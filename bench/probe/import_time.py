@@ -64,14 +64,15 @@ def main() -> None:
         if len(parts) != 3 or not parts[0].strip().split(":")[-1].strip().isdigit():
             continue
         self_us, cum_us, name = int(parts[0].split(":")[-1]), int(parts[1]), parts[2].rstrip()
-        # Only what the zerohop import loaded: everything after torch's last line.
+        # What was imported after torch's own line: `import zerohop`, and
+        # anything the first CUDA tensor pulled in.
         if name.strip() == "torch":
             seen_torch = True
             rows = []
             continue
         if seen_torch:
             rows.append((self_us, cum_us, name))
-    print(f"modules imported by `import zerohop` ({len(rows)}), slowest first (self us, cumulative us):")
+    print(f"modules imported after torch ({len(rows)}), slowest first (self us, cumulative us):")
     for self_us, cum_us, name in sorted(rows, reverse=True)[: args.top]:
         print(f"  {self_us:8d} {cum_us:9d} {name}")
 

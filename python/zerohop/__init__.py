@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 __version__ = _native.__version__
 
 # Imported at first use, as (module, name in it; None: the module itself):
-# `import zerohop` sits inside a first load's wait where the import is, and
-# a program that only loads never needs these.
+# a program that only loads never needs these, and its `import zerohop` may
+# sit inside the wait for its first load.
 _AT_FIRST_USE = {
     "agent": ("agent", None),
     "checkpoint": ("checkpoint", None),
