@@ -553,6 +553,31 @@ mod tests {
         assert!(decode_manifest(b"{").is_err());
     }
 
+    /// Timings come back from a manifest as the very numbers written: a
+    /// parser that rounds the last bit would encode them otherwise.
+    #[test]
+    fn a_manifest_encodes_again_to_the_same_bytes() {
+        let mut report = decode_manifest(
+            serde_json::json!({
+                "format": FORMAT, "pid": 7, "gpu": "none", "gpu_checkpoint": null,
+                "criu_version": "4.2", "criu": CriuFlags::default(), "leave_running": false,
+                "track_mem": false, "parent": null, "images": [], "image_bytes": 0,
+                "seconds": FreezeSeconds::default(),
+            })
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+        report.seconds.durable = 0.24448109944444446;
+        report.seconds.seal = 0.1 + 0.2;
+        let bytes = serde_json::to_vec(&report).unwrap();
+        let again = serde_json::to_vec(&decode_manifest(&bytes).unwrap()).unwrap();
+        assert_eq!(
+            String::from_utf8(again).unwrap(),
+            String::from_utf8(bytes).unwrap()
+        );
+    }
+
     #[test]
     fn flags_become_criu_arguments_in_order() {
         let flags = CriuFlags {
