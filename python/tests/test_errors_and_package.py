@@ -2,6 +2,7 @@
 
 import json
 import os
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -239,9 +240,7 @@ else:
 """
 
 
-@pytest.mark.parametrize("module", ["zerohop", "zerohop.agent", "zerohop.checkpoint", "zerohop._process",
-                                    "zerohop._suspend", "zerohop._safetensors", "zerohop._flat",
-                                    "zerohop._sharded", "zerohop._buffers", "zerohop.dcp", "zerohop.distributed"])
+@pytest.mark.parametrize("module", ["zerohop"] + [f"zerohop.{m.name}" for m in pkgutil.iter_modules(zerohop.__path__)])
 def test_each_module_imports_first_in_a_fresh_interpreter(module):
     if module in ("zerohop.dcp", "zerohop.distributed"):
         pytest.importorskip("torch")
