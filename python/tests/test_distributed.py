@@ -47,7 +47,7 @@ def test_replicated_tensors_are_read_once_across_the_ranks(tmp_path):
     ranks = run_ranks(tmp_path, "replicated")
     for r in ranks:
         assert r["wrong"] == [], r
-    header = zerohop._safetensors._headers([str(tmp_path / "m.safetensors")])[1]
+    header = zerohop._file_tensors._headers([str(tmp_path / "m.safetensors")])[1]
     data_bytes = sum(t.end - t.begin for t in header.values())
     assert sum(r["bytes"] for r in ranks) == data_bytes, "one model read from storage, not one per rank"
     assert all(0 < r["bytes"] < data_bytes for r in ranks), "every rank reads a share"

@@ -295,45 +295,85 @@ def test_bulk_calls_pause_the_cycle_collector_and_restore_it(tmp_path, rng):
 
 def _counting_reads(monkeypatch):
     """The bytes of each engine read that safe_open makes, in order."""
-    from zerohop import _safetensors
+    from zerohop import _native
     reads = []
-    real = _safetensors._native.read
+    real = _native.read
 
     def read(device, sources, pieces, *args, **kwargs):
         reads.append(sum(n for _, _, n, _ in pieces))
         return real(device, sources, pieces, *args, **kwargs)
 
-    monkeypatch.setattr(_safetensors._native, "read", read)
+    monkeypatch.setattr(_native, "read", read)
     return reads
 
 
-def test_safe_open_reads_small_tensors_ahead_and_gives_out_copies(tmp_path, rng, monkeypatch):
-    from zerohop import _safetensors
-    # Three windows' worth of small tensors of several dtypes and sizes.
+def test_safe_open_reads_ahead_the_rows_asked_of_each_kind(tmp_path, rng, monkeypatch):
+    from zerohop import _read_ahead
+    # Three windows' worth of small tensors of several dtypes and sizes,
+    # odd row counts among them: half of each is `[:rows // 2]`, not the
+    # same fraction of every tensor's rows.
     tensors = {}
     for i in range(300):
         dtype = (np.float32, np.int8, np.float64, np.uint16)[i % 4]
-        tensors[f"t{i:03d}"] = rng.integers(0, 100, (int(rng.integers(1, 40)), 997)).astype(dtype)
+        tensors[f"t{i:03d}"] = rng.integers(0, 100, (int(rng.integers(2, 40)), 997)).astype(dtype)
     path = tmp_path / "small.safetensors"
     st_numpy.save_file(tensors, str(path))
-    monkeypatch.setattr(_safetensors, "READ_AHEAD_FIRST", 1 << 20)
-    monkeypatch.setattr(_safetensors, "READ_AHEAD_MOST", 4 << 20)
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_FIRST", 1 << 20)
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_MOST", 4 << 20)
     reads = _counting_reads(monkeypatch)
     with zerohop.safe_open(path, framework="np") as f:
         names = f.offset_keys()
-        got = {n: f.get_slice(n)[: max(1, f.get_slice(n).get_shape()[0] // 2)] for n in names}
+        got = {n: f.get_slice(n)[: f.get_slice(n).get_shape()[0] // 2] for n in names}
         for n, t in tensors.items():
-            assert np.array_equal(got[n], t[: max(1, t.shape[0] // 2)]) and got[n].dtype == t.dtype, n
-            # Each in memory of its own, not a view of the window: changing
-            # one changes nothing read after.
+            assert np.array_equal(got[n], t[: t.shape[0] // 2]) and got[n].dtype == t.dtype, n
+            # Each in memory of its own: changing one changes nothing read
+            # after.
             assert got[n].base is None, n
         got[names[1]][...] = 0
         assert np.array_equal(f.get_tensor(names[1]), tensors[names[1]])
-    total = sum(t.nbytes for t in tensors.values())
-    # The first small read alone, then windows of 1, 2 and 4 MiB.
+    asked = sum(t[: t.shape[0] // 2].nbytes for t in tensors.values())
+    # The first read alone, then windows of 1, 2 and 4 MiB holding only the
+    # rows asked, and the tensor read again whole.
     assert reads[0] == got[names[0]].nbytes
     assert reads[1] <= 1 << 20 and reads[2] <= 2 << 20 and max(reads) <= 4 << 20
-    assert len(reads) <= 3 + total // (3 << 20), reads
+    assert sum(reads[:-1]) == asked, "no byte read that was not asked for"
+    assert reads[-1] == tensors[names[1]].nbytes
+    assert len(reads) <= 4 + asked // (3 << 20), reads
+
+
+def test_safe_open_reads_alone_what_a_window_missed_and_keeps_the_windows(tmp_path, monkeypatch):
+    # A tensor-parallel rank takes rows of some weights (rank 1 of 4 of
+    # `a`, the first half of `c`) and all of others (`b`).
+    tensors = {}
+    for layer in range(40):
+        tensors[f"layers.{layer:02d}.a"] = np.full((64, 100), layer, np.float32)
+        tensors[f"layers.{layer:02d}.b"] = np.arange(100, dtype=np.float32) + layer
+        tensors[f"layers.{layer:02d}.c"] = np.arange(100, dtype=np.float32) - layer
+    asks = {"a": np.s_[16:32], "b": np.s_[:], "c": np.s_[:50]}
+    path = tmp_path / "tp.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        for name in f.keys():
+            index = np.s_[0:16] if name == "layers.10.a" else asks[name[-1]]
+            assert np.array_equal(f.get_slice(name)[index], tensors[name][index]), name
+        # Asked again, a tensor given out is read anew.
+        assert np.array_equal(f.get_slice("layers.03.a")[16:32], tensors["layers.03.a"][16:32])
+    rows_of_a, vector = 16 * 100 * 4, 100 * 4
+    # Layer 0's `a` alone; then one window from its `b` on: the rows of `a`
+    # asked of layer 0, all of `b`, and all of `c` (asked of no layer
+    # yet), its halves copied out of it. Rows of layer 10's `a` that the
+    # window lacks, and layer 3's `a` again, are read alone.
+    assert reads == [rows_of_a, 2 * vector + 39 * (rows_of_a + 2 * vector), rows_of_a, rows_of_a], reads
+
+
+def test_fractions_of_rows_asked_carry_over_to_other_row_counts():
+    from zerohop._read_ahead import _fraction
+    assert _fraction(127, 255) == (1, 2)  # [:255 // 2]
+    assert _fraction(1536, 4096) == (3, 8)  # rank 3 of 8
+    assert _fraction(0, 7) == (0, 1) and _fraction(7, 7) == (1, 1)
+    p, q = _fraction(1, 1000)  # no fraction of 64ths or coarser: the row
+    assert 1000 * p // q == 1 and 2000 * p // q == 2
 
 
 def test_safe_open_reads_only_the_rows_of_a_large_tensor(tmp_path, rng, monkeypatch):
@@ -399,13 +439,13 @@ def test_safe_open_reads_ahead_in_name_order_and_not_when_reads_jump(tmp_path, r
 
 
 def test_a_failed_read_ahead_fails_the_read_that_needs_it_and_no_other(tmp_path, monkeypatch):
-    from zerohop import _safetensors
+    from zerohop import _native, _read_ahead
     tensors = {f"t{i:03d}": np.full(1000, i, np.float32) for i in range(40)}
     path = tmp_path / "m.safetensors"
     st_numpy.save_file(tensors, str(path))
-    monkeypatch.setattr(_safetensors, "READ_AHEAD_FIRST", 40_000)
-    monkeypatch.setattr(_safetensors, "READ_AHEAD_MOST", 40_000)
-    real, calls = _safetensors._native.read, []
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_FIRST", 40_000)
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_MOST", 40_000)
+    real, calls = _native.read, []
 
     def read(*args, **kwargs):
         calls.append(None)
@@ -413,7 +453,7 @@ def test_a_failed_read_ahead_fails_the_read_that_needs_it_and_no_other(tmp_path,
             raise OSError(5, "Input/output error")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_safetensors._native, "read", read)
+    monkeypatch.setattr(_native, "read", read)
     with zerohop.safe_open(path, framework="np") as f:
         names = f.keys()
         got = {}

@@ -299,11 +299,11 @@ def test_a_failed_read_of_many_tensors_raises_once_the_views_are_made(tmp_path, 
     monkeypatch.setattr(zerohop._buffers, "shares_blocks", lambda framework, device: framework == "pt")
     path = tmp_path / "m.safetensors"
     st_torch.save_file(many_tensors(), str(path))
-    _, infos = zerohop._safetensors._headers([str(path)])
+    _, infos = zerohop._file_tensors._headers([str(path)])
     # The file loses its second half after its header was read.
     os.truncate(path, os.path.getsize(path) // 2)
     with pytest.raises(Exception, match="shrank|end of file|past the end"):
-        zerohop._safetensors._load([str(path)], infos.values(), "cpu", "pt", False)
+        zerohop._file_tensors._load([str(path)], infos.values(), "cpu", "pt", False)
     assert not [t for t in threading.enumerate() if t.name == "zerohop-load"], "the read ended"
 
 
@@ -337,3 +337,31 @@ def test_safe_open_reads_small_tensors_ahead_even_unaligned(tmp_path, device):
                 again = f.get_tensor("t05")
             torch.cuda.synchronize()
             assert bits(again) == bits(tensors["t05"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_safe_open_gives_out_parts_of_a_window_while_reads_take_them_all(tmp_path, device, monkeypatch):
+    # On the CPU too, tensors share blocks here, as they do in GPU memory.
+    monkeypatch.setattr(zerohop._buffers, "shares_blocks", lambda framework, device: framework == "pt")
+    g = torch.Generator().manual_seed(9)
+    tensors = {f"w{i:03d}": torch.randn(8, 64, generator=g) for i in range(60)}
+    path = tmp_path / "w.safetensors"
+    st_torch.save_file(tensors, str(path))
+
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    with zerohop.safe_open(path, framework="pt", device=device) as f:
+        names = f.offset_keys()
+        every = [f.get_slice(n)[:4] for n in names]
+        assert all(bits(t) == bits(tensors[n][:4]) for t, n in zip(every, names))
+        # One block for the window's parts; the first read was alone.
+        assert len({storage(t) for t in every[1:]}) == 1 and storage(every[0]) != storage(every[1])
+        every[5].fill_(0)
+        assert bits(f.get_slice(names[5])[:4]) == bits(tensors[names[5]][:4]), "read anew"
+    with zerohop.safe_open(path, framework="pt", device=device) as f:
+        # Every other tensor: what is given out is a copy, so no tensor
+        # skipped stays alive in the block of one kept.
+        some = [f.get_slice(n)[:4] for n in names[::2]]
+        assert all(bits(t) == bits(tensors[n][:4]) for t, n in zip(some, names[::2]))
+        assert len({storage(t) for t in some}) == len(some)

@@ -41,7 +41,8 @@ from torch.futures import Future
 
 from . import _buffers, _native
 from ._durable import write_durably
-from ._safetensors import PathLike, _headers, save_file
+from ._file_tensors import _headers
+from ._safetensors import PathLike, save_file
 
 __all__ = ["StorageReader", "StorageWriter"]
 

@@ -18,7 +18,8 @@ import os
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _buffers, _native
-from ._safetensors import PathLike, Progress, _headers, _Tensor
+from ._file_tensors import Progress, _headers, _Tensor
+from ._safetensors import PathLike
 
 __all__ = ["REPLICATED", "Split", "load_file"]
 

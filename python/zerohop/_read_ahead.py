@@ -1,0 +1,224 @@
+"""`safe_open`'s read-ahead.
+
+A read of a small tensor through `safe_open` costs its call (about half a
+millisecond for 1 MiB into a GPU on the H200 machine) more than its bytes,
+and a program reading them in order reads the ones after too (a
+tensor-parallel rank takes its part of every tensor). So once two reads go
+forward in the file's order or the names' (keys()), the small tensors that
+come next in that order are read with the second, in one engine call: a
+window of READ_AHEAD_FIRST bytes, twice as many each time up to
+READ_AHEAD_MOST, and the window after it is read on a thread while this one
+is used. Reads that jump about get no window. A tensor over
+READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked, and windows pass
+over it; objects in a store are never read ahead.
+
+A window holds of each tensor the rows the last read of its kind asked for
+(its name with the numbers left out: `layers.#.q.weight`), as a fraction of
+its rows; of a kind not read yet, all of it. A read the window holds
+exactly is its tensor, made while the window was read; one it holds more
+than is a copy of the rows; one it does not hold is read alone, and the
+windows stay."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from . import _buffers, _native
+from ._file_tensors import _placed, _Tensor
+
+READ_AHEAD_TENSOR_BYTES = 16 << 20
+READ_AHEAD_FIRST = 16 << 20
+READ_AHEAD_MOST = 128 << 20
+# How far ahead in an order the next read may land and still count as
+# going forward (a program may skip a few tensors of each layer).
+READ_AHEAD_STRIDE = 4
+# The largest denominator of the fractions that describe rows asked.
+_MOST_PARTS = 64
+
+
+@functools.lru_cache(maxsize=4096)
+def _fraction(row: int, rows: int) -> Tuple[int, int]:
+    """The simplest p/q with `rows * p // q == row`, q at most _MOST_PARTS:
+    `[:n // 2]` is 1/2 of every tensor, rank 3 of 8 starts at 3/8, whatever
+    the rows; else `row` of `rows` itself."""
+    for q in range(1, _MOST_PARTS + 1):
+        p = -(-row * q // rows)
+        if rows * p // q == row:
+            return p, q
+    return row, rows
+
+
+def _own(x: Any) -> Any:
+    """A copy of a view, in memory of its own."""
+    return x.clone() if hasattr(x, "clone") else x.copy()
+
+
+class _Window:
+    """Parts of tensors read together: `parts[k]` (which rows of which
+    tensor) is `tensors[k]`, None once given out."""
+
+    def __init__(self, parts: List[_Tensor], memory: _buffers.Allocation, stream: Optional[int], order: int, after: int):
+        self.parts = parts
+        self.place = {p.name: k for k, p in enumerate(parts)}
+        self.memory = memory
+        self.tensors: List[Optional[Any]] = []
+        # Only on the stream it was read on: torch may hand its memory out
+        # again once it is dropped, ordered after that stream only.
+        self.stream = stream
+        self.order = order  # which of _ReadAhead.orders it follows
+        self.after = after  # the place in that order after its last tensor
+        # Whether reads have taken its tensors one after another from the
+        # first: then each may be given out as it is, a view of a block the
+        # window shares (freed when all its views are), as it holds nothing
+        # the program passed over.
+        self.dense = True
+        self.last = -1
+
+    def has(self, name: str, stream: Optional[int]) -> bool:
+        return name in self.place and self.stream == stream
+
+    def take(self, asked: _Tensor) -> Optional[Any]:
+        """`asked` as a tensor of the caller's, or None where the window
+        does not hold it (or gave it out already)."""
+        k = self.place[asked.name]
+        part, held = self.parts[k], self.tensors[k]
+        if held is None or not part.begin <= asked.begin <= asked.end <= part.end:
+            return None
+        self.dense = self.dense and k == self.last + 1
+        self.last = k
+        if (asked.begin, asked.end) == (part.begin, part.end):
+            if self.dense or self.memory.blocks[k] is None:
+                self.tensors[k] = None  # the caller's from now on
+                return held
+            return _own(held)
+        if len(part.shape) < 2 and part.dtype in _buffers._PACKED:
+            return None  # its rows are not its elements
+        first = (asked.begin - part.begin) // ((part.end - part.begin) // part.shape[0])
+        return _own(held[first:first + asked.shape[0]])
+
+
+class _WindowRead:
+    """A window read in one engine call on a thread of its own (the call
+    lets go of the GIL), its tensors made on the caller's meanwhile. The
+    memory is allocated on the caller's thread and stream."""
+
+    def __init__(self, sources: Any, parts: List[_Tensor], device: str, framework: str,
+                 stream: Optional[int], order: int, after: int):
+        memory, pieces = _placed(parts, device, framework)
+        self.window = _Window(parts, memory, stream, order, after)
+        self._failed: List[BaseException] = []
+        self._thread = threading.Thread(target=self._read, args=(device, sources, pieces, stream),
+                                        name="zerohop-read-ahead", daemon=True)
+        self._thread.start()
+        self.window.tensors = memory.tensors()
+
+    def _read(self, device: str, sources: Any, pieces: List[Tuple[int, ...]], stream: Optional[int]) -> None:
+        try:
+            if pieces:
+                _native.read(device, sources, pieces, stream, False, stats=False)
+        except BaseException as e:  # raised by wait()
+            self._failed.append(e)
+
+    def wait(self) -> _Window:
+        self._thread.join()
+        if self._failed:
+            raise self._failed[0]
+        return self.window
+
+
+class _ReadAhead:
+    """One file's read-ahead: the window in use, the one being read after
+    it, the reads that decide the next, and the rows asked of each kind."""
+
+    def __init__(self, tensors: Iterable[_Tensor]):
+        tensors = list(tensors)
+        self.orders = (sorted(tensors, key=lambda t: t.begin), sorted(tensors, key=lambda t: t.name))
+        self.places = [{t.name: i for i, t in enumerate(order)} for order in self.orders]
+        self.window: Optional[_Window] = None
+        self.next: Optional[_WindowRead] = None
+        self.last: Optional[str] = None
+        self.windows = 0
+        # Per kind, the rows last asked: fractions of the first and the
+        # last row's end.
+        self.asked: Dict[str, Tuple[Tuple[int, int], Tuple[int, int]]] = {}
+
+    def read(self, info: _Tensor, asked: _Tensor, sources: Callable[[], Any], device: str, framework: str,
+             check: Callable[[], None]) -> Optional[Any]:
+        """`asked` (rows of `info`) out of a window, read now (after
+        `check()`) if reads go forward; None when it is to be read alone."""
+        stream = _buffers.current_stream(device)
+        last, self.last = self.last, info.name
+        self._learn(info, asked)
+        if info.end - info.begin > READ_AHEAD_TENSOR_BYTES:
+            return None  # and the windows stay: small tensors may follow
+        if self.window is None or not self.window.has(info.name, stream):
+            self.window = None  # freed before the next is allocated
+            if self.next is not None and self.next.window.has(info.name, stream):
+                taken, self.next = self.next, None
+                self.window = taken.wait()
+            else:
+                self.close()
+                forward = [k for k, place in enumerate(self.places)
+                           if last is not None and 0 < place[info.name] - place[last] <= READ_AHEAD_STRIDE]
+                if not forward:
+                    return None
+                k = forward[0]
+                check()
+                first = self._read(k, self.places[k][info.name], sources(), device, framework, stream)
+                assert first is not None  # `info` itself is small
+                self.window = first.wait()
+            check()
+            self.next = self._read(self.window.order, self.window.after, sources(), device, framework, stream)
+        return self.window.take(asked)
+
+    def _learn(self, info: _Tensor, asked: _Tensor) -> None:
+        rows = info.shape[0] if info.shape else 0
+        if not rows or (info.end - info.begin) % rows or asked.end <= asked.begin:
+            return
+        row_bytes = (info.end - info.begin) // rows
+        start, stop = (asked.begin - info.begin) // row_bytes, (asked.end - info.begin) // row_bytes
+        self.asked[info.kind] = (_fraction(start, rows), _fraction(stop, rows))
+
+    def _predicted(self, t: _Tensor) -> _Tensor:
+        """The rows of `t` that a read of it will likely ask for."""
+        asked = self.asked.get(t.kind)
+        rows = t.shape[0] if t.shape else 0
+        if asked is None or not rows or (t.end - t.begin) % rows:
+            return t
+        (p, q), (r, s) = asked
+        start, stop = rows * p // q, rows * r // s
+        if not 0 <= start < stop <= rows or (start, stop) == (0, rows):
+            return t
+        return t.rows(start, stop)
+
+    def _read(self, k: int, i: int, sources: Any, device: str, framework: str,
+              stream: Optional[int]) -> Optional[_WindowRead]:
+        """Starts reading the window of order `k` from place `i` on: the
+        small tensors there (large ones are skipped: they are read alone),
+        up to the next budget. None when none are left."""
+        order = self.orders[k]
+        picked: List[_Tensor] = []
+        budget = min(READ_AHEAD_MOST, READ_AHEAD_FIRST << min(self.windows, 8))
+        total = 0
+        while i < len(order):
+            if order[i].end - order[i].begin <= READ_AHEAD_TENSOR_BYTES:
+                part = self._predicted(order[i])
+                n = part.end - part.begin
+                if picked and total + n > budget:
+                    break
+                picked.append(part)
+                total += n
+            i += 1
+        if not picked:
+            return None
+        self.windows += 1
+        return _WindowRead(sources, picked, device, framework, stream, k, i)
+
+    def close(self) -> None:
+        """Lets the windows go, once a read under way is over."""
+        self.window = None
+        if self.next is not None:
+            self.next._thread.join()
+            self.next = None
