@@ -36,6 +36,19 @@ install_compiled() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$dir" "$@"
     python3 -m compileall -q "$dir" > /dev/null
 }
+# The ledger's name for this machine: its GPU's model (the device tool
+# lends H200 and H100 machines alike) and its kernel.
+machine_label() {
+    local gpu
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1)
+    case "$gpu" in
+        *H200*) gpu=h200 ;;
+        *H100*) gpu=h100 ;;
+        "") gpu=no-gpu ;;
+        *) gpu=${gpu// /-} ;;
+    esac
+    echo "$gpu $(uname -r)"
+}
 # The VM grows its memory on first touch (~0.6 s per GiB): touch it
 # once, so no timed run pays for that. bench/peers.py does the same
 # itself at its start (--warm-gib, 24 GiB by default), so the peers
@@ -325,7 +338,7 @@ step_matrix() {
         before=(--before /tmp/site-before --before-commit "$(cat .before/commit 2> /dev/null || echo unknown)")
     fi
     # shellcheck disable=SC2086 # ZEROHOP_MATRIX_ARGS is a list of options
-    PYTHONUNBUFFERED=1 python3 bench/matrix.py --machine "h200 $(uname -r)" --commit "$(cat .stage/commit)" \
+    PYTHONUNBUFFERED=1 python3 bench/matrix.py --machine "$(machine_label)" --commit "$(cat .stage/commit)" \
         --ledger "$OUT/results.jsonl" --json-out "$OUT/matrix.json" "${before[@]}" ${ZEROHOP_MATRIX_ARGS:-} \
         2>&1 | tee -a "$OUT/matrix.txt"
 }

@@ -320,6 +320,7 @@ def test_safe_open_reads_ahead_the_rows_asked_of_each_kind(tmp_path, rng, monkey
     st_numpy.save_file(tensors, str(path))
     monkeypatch.setattr(_read_ahead, "READ_AHEAD_FIRST", 1 << 20)
     monkeypatch.setattr(_read_ahead, "READ_AHEAD_MOST", 4 << 20)
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_DENSE_MOST", 4 << 20)
     reads = _counting_reads(monkeypatch)
     with zerohop.safe_open(path, framework="np") as f:
         names = f.offset_keys()
@@ -365,6 +366,25 @@ def test_safe_open_reads_alone_what_a_window_missed_and_keeps_the_windows(tmp_pa
     # yet), its halves copied out of it. Rows of layer 10's `a` that the
     # window lacks, and layer 3's `a` again, are read alone.
     assert reads == [rows_of_a, 2 * vector + 39 * (rows_of_a + 2 * vector), rows_of_a, rows_of_a], reads
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_read_ahead_windows_grow_larger_while_reads_take_every_tensor(tmp_path, monkeypatch, step):
+    from zerohop import _read_ahead
+    tensors = {f"t{i:03d}": np.full(2048, i, np.float32) for i in range(400)}
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_FIRST", 64 << 10)
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_MOST", 128 << 10)
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_DENSE_MOST", 1 << 20)
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        for name in f.keys()[::step]:
+            assert np.array_equal(f.get_tensor(name), tensors[name]), name
+    if step == 1:
+        assert max(reads) == 1 << 20, reads
+    else:  # every other tensor: windows stay small
+        assert 64 << 10 <= max(reads) <= 128 << 10, reads
 
 
 def test_fractions_of_rows_asked_carry_over_to_other_row_counts():

@@ -8,9 +8,10 @@ forward in the file's order or the names' (keys()), the small tensors that
 come next in that order are read with the second, in one engine call: a
 window of READ_AHEAD_FIRST bytes, twice as many each time up to
 READ_AHEAD_MOST, and the window after it is read on a thread while this one
-is used. Reads that jump about get no window. A tensor over
-READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked, and windows pass
-over it; objects in a store are never read ahead.
+is used. While reads take every tensor of each window in turn, windows
+grow on up to READ_AHEAD_DENSE_MOST. Reads that jump about get no window.
+A tensor over READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked,
+and windows pass over it; objects in a store are never read ahead.
 
 A window holds of each tensor the rows the last read of its kind asked for
 (its name with the numbers left out: `layers.#.q.weight`), as a fraction of
@@ -31,6 +32,10 @@ from ._file_tensors import _placed, _Tensor
 READ_AHEAD_TENSOR_BYTES = 16 << 20
 READ_AHEAD_FIRST = 16 << 20
 READ_AHEAD_MOST = 128 << 20
+# Windows taken densely cost no memory beyond the tensors given out but
+# the next window, and each window's engine call has a fixed cost on top
+# of its transfer: they grow larger.
+READ_AHEAD_DENSE_MOST = 512 << 20
 # How far ahead in an order the next read may land and still count as
 # going forward (a program may skip a few tensors of each layer).
 READ_AHEAD_STRIDE = 4
@@ -140,6 +145,8 @@ class _ReadAhead:
         self.next: Optional[_WindowRead] = None
         self.last: Optional[str] = None
         self.windows = 0
+        # Whether every window let go of so far was taken densely.
+        self.dense = True
         # Per kind, the rows last asked: fractions of the first and the
         # last row's end.
         self.asked: Dict[str, Tuple[Tuple[int, int], Tuple[int, int]]] = {}
@@ -154,7 +161,7 @@ class _ReadAhead:
         if info.end - info.begin > READ_AHEAD_TENSOR_BYTES:
             return None  # and the windows stay: small tensors may follow
         if self.window is None or not self.window.has(info.name, stream):
-            self.window = None  # freed before the next is allocated
+            self._let_go()  # freed before the next is allocated
             if self.next is not None and self.next.window.has(info.name, stream):
                 taken, self.next = self.next, None
                 self.window = taken.wait()
@@ -200,7 +207,8 @@ class _ReadAhead:
         up to the next budget. None when none are left."""
         order = self.orders[k]
         picked: List[_Tensor] = []
-        budget = min(READ_AHEAD_MOST, READ_AHEAD_FIRST << min(self.windows, 8))
+        most = READ_AHEAD_DENSE_MOST if self.dense else READ_AHEAD_MOST
+        budget = min(most, READ_AHEAD_FIRST << min(self.windows, 10))
         total = 0
         while i < len(order):
             if order[i].end - order[i].begin <= READ_AHEAD_TENSOR_BYTES:
@@ -216,9 +224,14 @@ class _ReadAhead:
         self.windows += 1
         return _WindowRead(sources, picked, device, framework, stream, k, i)
 
+    def _let_go(self) -> None:
+        if self.window is not None:
+            self.dense = self.dense and self.window.dense
+        self.window = None
+
     def close(self) -> None:
         """Lets the windows go, once a read under way is over."""
-        self.window = None
+        self._let_go()
         if self.next is not None:
             self.next._thread.join()
             self.next = None
