@@ -58,14 +58,14 @@ class safe_open:
     arrays (host memory only). A tensor over 16 MiB is read alone, only the
     rows asked. Once reads of smaller ones go forward through the file or
     through its names, the small tensors that come next are read with
-    them, in windows of up to 128 MiB, 512 MiB while the reads take
-    every tensor of each in turn (two held while the file is open: the
-    one in use, and the next, read meanwhile): of each, the rows that
-    the last read of its kind asked for (the same fraction of its rows;
-    its kind is its name without the numbers). While the reads take every
-    tensor of a window in turn, each one read out of it is its part of the
-    window's memory, which is freed when all of them are (as `load_file`'s
-    tensors share blocks); other reads out of a window are copies.
+    them, in windows (two held while the file is open: the one in use,
+    and the next, read meanwhile): of each, the rows that the last read
+    of its kind asked for (the same fraction of its rows; its kind is its
+    name without the numbers). While the reads take every tensor of each
+    window in turn, each one is its part of the window's memory, freed
+    when all of them are (as `load_file`'s tensors share blocks), and
+    windows grow to 512 MiB; else reads out of a window are copies, and
+    windows hold at most 128 MiB.
     `filename` may be an object, `s3://bucket/key`: then each read fetches
     only the bytes asked (ranged requests)."""
 
