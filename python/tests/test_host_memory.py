@@ -383,8 +383,8 @@ def test_read_ahead_windows_grow_larger_while_reads_take_every_tensor(tmp_path, 
             assert np.array_equal(f.get_tensor(name), tensors[name]), name
     if step == 1:
         assert max(reads) == 1 << 20, reads
-    else:  # every other tensor: windows stay small
-        assert 64 << 10 <= max(reads) <= 128 << 10, reads
+    else:  # every other tensor: once a window shows it, windows stay small
+        assert max(reads[4:]) == 128 << 10, reads
 
 
 def test_fractions_of_rows_asked_carry_over_to_other_row_counts():

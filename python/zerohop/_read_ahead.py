@@ -7,8 +7,8 @@ tensor-parallel rank takes its part of every tensor). So once two reads go
 forward in the file's order or the names' (keys()), the small tensors that
 come next in that order are read with the second, in one engine call: a
 window of READ_AHEAD_FIRST bytes, twice as many each time up to
-READ_AHEAD_MOST, and the window after it is read on a thread while this one
-is used. While reads take every tensor of each window in turn, windows
+READ_AHEAD_MOST, and the READ_AHEAD_WINDOWS windows after it are read on
+threads while this one is used. While reads take every tensor of each window in turn, windows
 grow on up to READ_AHEAD_DENSE_MOST. Reads that jump about get no window.
 A tensor over READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked,
 and windows pass over it; objects in a store are never read ahead.
@@ -33,9 +33,12 @@ READ_AHEAD_TENSOR_BYTES = 16 << 20
 READ_AHEAD_FIRST = 16 << 20
 READ_AHEAD_MOST = 128 << 20
 # Windows taken densely cost no memory beyond the tensors given out but
-# the next window, and each window's engine call has a fixed cost on top
-# of its transfer: they grow larger.
+# the windows read ahead, and each window's engine call has a fixed cost
+# on top of its transfer: they grow larger.
 READ_AHEAD_DENSE_MOST = 512 << 20
+# Windows read ahead of the one in use: the next is planned while the one
+# before it is read, so the engine goes from one to the next at once.
+READ_AHEAD_WINDOWS = 2
 # How far ahead in an order the next read may land and still count as
 # going forward (a program may skip a few tensors of each layer).
 READ_AHEAD_STRIDE = 4
@@ -106,20 +109,25 @@ class _Window:
 
 class _WindowRead:
     """A window read in one engine call on a thread of its own (the call
-    lets go of the GIL), its tensors made on the caller's meanwhile. The
-    memory is allocated on the caller's thread and stream."""
+    lets go of the GIL), once the read before it (`behind`) is over, so
+    that the engine takes them in order; its tensors are made on the
+    caller's thread meanwhile. The memory is allocated on the caller's
+    thread and stream."""
 
     def __init__(self, sources: Any, parts: List[_Tensor], device: str, framework: str,
-                 stream: Optional[int], order: int, after: int):
+                 stream: Optional[int], order: int, after: int, behind: Optional["_WindowRead"]):
         memory, pieces = _placed(parts, device, framework)
         self.window = _Window(parts, memory, stream, order, after)
         self._failed: List[BaseException] = []
-        self._thread = threading.Thread(target=self._read, args=(device, sources, pieces, stream),
+        self._thread = threading.Thread(target=self._read, args=(device, sources, pieces, stream, behind),
                                         name="zerohop-read-ahead", daemon=True)
         self._thread.start()
         self.window.tensors = memory.tensors()
 
-    def _read(self, device: str, sources: Any, pieces: List[Tuple[int, ...]], stream: Optional[int]) -> None:
+    def _read(self, device: str, sources: Any, pieces: List[Tuple[int, ...]], stream: Optional[int],
+              behind: Optional["_WindowRead"]) -> None:
+        if behind is not None:
+            behind._thread.join()
         try:
             if pieces:
                 _native.read(device, sources, pieces, stream, False, stats=False)
@@ -134,15 +142,16 @@ class _WindowRead:
 
 
 class _ReadAhead:
-    """One file's read-ahead: the window in use, the one being read after
-    it, the reads that decide the next, and the rows asked of each kind."""
+    """One file's read-ahead: the window in use, the ones read after it,
+    the reads that decide the next, and the rows asked of each kind."""
 
     def __init__(self, tensors: Iterable[_Tensor]):
         tensors = list(tensors)
         self.orders = (sorted(tensors, key=lambda t: t.begin), sorted(tensors, key=lambda t: t.name))
         self.places = [{t.name: i for i, t in enumerate(order)} for order in self.orders]
         self.window: Optional[_Window] = None
-        self.next: Optional[_WindowRead] = None
+        # The windows after the one in use, in order, being read.
+        self.ahead: List[_WindowRead] = []
         self.last: Optional[str] = None
         self.windows = 0
         # Whether every window let go of so far was taken densely.
@@ -162,9 +171,8 @@ class _ReadAhead:
             return None  # and the windows stay: small tensors may follow
         if self.window is None or not self.window.has(info.name, stream):
             self._let_go()  # freed before the next is allocated
-            if self.next is not None and self.next.window.has(info.name, stream):
-                taken, self.next = self.next, None
-                self.window = taken.wait()
+            if self.ahead and self.ahead[0].window.has(info.name, stream):
+                self.window = self.ahead.pop(0).wait()
             else:
                 self.close()
                 forward = [k for k, place in enumerate(self.places)
@@ -173,11 +181,17 @@ class _ReadAhead:
                     return None
                 k = forward[0]
                 check()
-                first = self._read(k, self.places[k][info.name], sources(), device, framework, stream)
+                first = self._read(k, self.places[k][info.name], sources(), device, framework, stream, None)
                 assert first is not None  # `info` itself is small
                 self.window = first.wait()
             check()
-            self.next = self._read(self.window.order, self.window.after, sources(), device, framework, stream)
+            while len(self.ahead) < READ_AHEAD_WINDOWS:
+                last_read = self.ahead[-1] if self.ahead else None
+                after = last_read.window if last_read is not None else self.window
+                read = self._read(after.order, after.after, sources(), device, framework, stream, last_read)
+                if read is None:
+                    break
+                self.ahead.append(read)
         return self.window.take(asked)
 
     def _learn(self, info: _Tensor, asked: _Tensor) -> None:
@@ -201,10 +215,11 @@ class _ReadAhead:
         return t.rows(start, stop)
 
     def _read(self, k: int, i: int, sources: Any, device: str, framework: str,
-              stream: Optional[int]) -> Optional[_WindowRead]:
-        """Starts reading the window of order `k` from place `i` on: the
-        small tensors there (large ones are skipped: they are read alone),
-        up to the next budget. None when none are left."""
+              stream: Optional[int], behind: Optional[_WindowRead]) -> Optional[_WindowRead]:
+        """Starts reading the window of order `k` from place `i` on (once
+        `behind` is read): the small tensors there (large ones are
+        skipped: they are read alone), up to the next budget. None when
+        none are left."""
         order = self.orders[k]
         picked: List[_Tensor] = []
         most = READ_AHEAD_DENSE_MOST if self.dense else READ_AHEAD_MOST
@@ -222,7 +237,7 @@ class _ReadAhead:
         if not picked:
             return None
         self.windows += 1
-        return _WindowRead(sources, picked, device, framework, stream, k, i)
+        return _WindowRead(sources, picked, device, framework, stream, k, i, behind)
 
     def _let_go(self) -> None:
         if self.window is not None:
@@ -232,6 +247,6 @@ class _ReadAhead:
     def close(self) -> None:
         """Lets the windows go, once a read under way is over."""
         self._let_go()
-        if self.next is not None:
-            self.next._thread.join()
-            self.next = None
+        for read in self.ahead:
+            read._thread.join()
+        self.ahead = []

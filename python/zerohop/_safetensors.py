@@ -58,8 +58,8 @@ class safe_open:
     arrays (host memory only). A tensor over 16 MiB is read alone, only the
     rows asked. Once reads of smaller ones go forward through the file or
     through its names, the small tensors that come next are read with
-    them, in windows (two held while the file is open: the one in use,
-    and the next, read meanwhile): of each, the rows that the last read
+    them, in windows (three held while the file is open: the one in use,
+    and the next two, read meanwhile): of each, the rows that the last read
     of its kind asked for (the same fraction of its rows; its kind is its
     name without the numbers). While the reads take every tensor of each
     window in turn, each one is its part of the window's memory, freed
