@@ -10,6 +10,8 @@ where the workers' time went.
     python3 bench/probe/save_configs.py FILE --zerohop .stage/bin/zerohop [--dir /dev/shm] [--rounds 3]
         [--configs "default;--threads 12;--slot 2MiB --write-window 2MiB"]
 
+A configuration may begin with `@BINARY` (another build of zerohop, e.g.
+the commit before a change) and NAME=VALUE settings of its environment.
 FILE is made if missing, as bench/matrix.py's small-fp8 shape (3,280 FP8
 tensors of 1 - 4 MiB, 8 GiB; needs torch and safetensors).
 """
@@ -54,8 +56,16 @@ def main() -> None:
         for c in configs[r % len(configs):] + configs[:r % len(configs)]:
             shutil.rmtree(target, ignore_errors=True)
             options = [] if c == "default" else shlex.split(c)
-            out = subprocess.run([args.zerohop, "checkpoint", "save", "--from", args.file, target, "--json", *options],
-                                 check=True, capture_output=True, text=True).stdout
+            binary, env = args.zerohop, dict(os.environ)
+            while options and (options[0].startswith("@") or "=" in options[0]):
+                word = options.pop(0)
+                if word.startswith("@"):
+                    binary = word[1:]
+                else:
+                    name, value = word.split("=", 1)
+                    env[name] = value
+            out = subprocess.run([binary, "checkpoint", "save", "--from", args.file, target, "--json", *options],
+                                 check=True, capture_output=True, text=True, env=env).stdout
             report = json.loads(out)
             t = report["transfer"]
             per = 1e3 / max(t["io_threads"], 1)

@@ -35,7 +35,7 @@ def main() -> None:
     torch.zeros(1, device=args.device)
     import safetensors.torch
     import zerohop
-    from zerohop import _native, _safetensors
+    from zerohop import _file_tensors, _native, _read_ahead
 
     path = os.path.join(args.dir, "zerohop-slice-calls.safetensors")
     n = (args.mib << 20) // 2
@@ -43,6 +43,7 @@ def main() -> None:
                                  for i in range(args.tensors)}, path)
     native_s: list = []
     engine_s: list = []
+    engine_gbps: list = []
     parts: list = []  # the engine's own account of each call
 
     asks_stats = {"stats": True} if "stats" in (_native.read.__text_signature__ or "") else {}
@@ -59,11 +60,13 @@ def main() -> None:
             native_s.append(time.perf_counter() - t)
             stats = json.loads(out)
             engine_s.append(stats["seconds"])
+            engine_gbps.append(stats["gbps"])
             parts.append({"route setup": stats["setup_seconds"], **{k: v for k, v in stats["profile"].items()
                                                                    if k.endswith("_seconds")}})
             return out
 
-    _safetensors._native = TimedNative()
+    # Reads of tensors alone, and of the read-ahead's windows.
+    _file_tensors._native = _read_ahead._native = TimedNative()
     names = [f"t{i:05d}" for i in range(args.tensors)]
     calls = []
     kept = []
@@ -82,7 +85,7 @@ def main() -> None:
     # only some read: then the Python around a read is not its difference.
     around = f"; Python around it {(med(calls) - med(native_s)) * 1e6:.0f} us" if len(native_s) == len(calls) else ""
     print(f"  {len(native_s)} native reads for {len(calls)} calls, median {med(native_s) * 1e6:.0f} us,"
-          f" of it the engine's transfer {med(engine_s) * 1e6:.0f} us{around}")
+          f" of it the engine's transfer {med(engine_s) * 1e6:.0f} us ({med(engine_gbps):.2f} GB/s){around}")
     print("  the engine's parts, median us: " + ", ".join(
         f"{k.removesuffix('_seconds').replace('_', ' ')} {med(p[k] for p in parts) * 1e6:.0f}" for k in parts[0]))
 
