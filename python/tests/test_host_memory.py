@@ -307,8 +307,16 @@ def _counting_reads(monkeypatch):
     return reads
 
 
-def test_safe_open_reads_ahead_the_rows_asked_of_each_kind(tmp_path, rng, monkeypatch):
+def _window_sizes(monkeypatch, first, most, dense_most):
+    """The read-ahead's first window, and its largest ones (taken densely
+    or not), in bytes."""
     from zerohop import _read_ahead
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_FIRST", first)
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_MOST", most)
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_DENSE_MOST", dense_most)
+
+
+def test_safe_open_reads_ahead_the_rows_asked_of_each_kind(tmp_path, rng, monkeypatch):
     # Three windows' worth of small tensors of several dtypes and sizes,
     # odd row counts among them: half of each is `[:rows // 2]`, not the
     # same fraction of every tensor's rows.
@@ -318,9 +326,7 @@ def test_safe_open_reads_ahead_the_rows_asked_of_each_kind(tmp_path, rng, monkey
         tensors[f"t{i:03d}"] = rng.integers(0, 100, (int(rng.integers(2, 40)), 997)).astype(dtype)
     path = tmp_path / "small.safetensors"
     st_numpy.save_file(tensors, str(path))
-    monkeypatch.setattr(_read_ahead, "READ_AHEAD_FIRST", 1 << 20)
-    monkeypatch.setattr(_read_ahead, "READ_AHEAD_MOST", 4 << 20)
-    monkeypatch.setattr(_read_ahead, "READ_AHEAD_DENSE_MOST", 4 << 20)
+    _window_sizes(monkeypatch, 1 << 20, 4 << 20, 4 << 20)
     reads = _counting_reads(monkeypatch)
     with zerohop.safe_open(path, framework="np") as f:
         names = f.offset_keys()
@@ -370,13 +376,10 @@ def test_safe_open_reads_alone_what_a_window_missed_and_keeps_the_windows(tmp_pa
 
 @pytest.mark.parametrize("step", [1, 2])
 def test_read_ahead_windows_grow_larger_while_reads_take_every_tensor(tmp_path, monkeypatch, step):
-    from zerohop import _read_ahead
     tensors = {f"t{i:03d}": np.full(2048, i, np.float32) for i in range(400)}
     path = tmp_path / "m.safetensors"
     st_numpy.save_file(tensors, str(path))
-    monkeypatch.setattr(_read_ahead, "READ_AHEAD_FIRST", 64 << 10)
-    monkeypatch.setattr(_read_ahead, "READ_AHEAD_MOST", 128 << 10)
-    monkeypatch.setattr(_read_ahead, "READ_AHEAD_DENSE_MOST", 1 << 20)
+    _window_sizes(monkeypatch, 64 << 10, 128 << 10, 1 << 20)
     reads = _counting_reads(monkeypatch)
     with zerohop.safe_open(path, framework="np") as f:
         for name in f.keys()[::step]:
@@ -459,12 +462,11 @@ def test_safe_open_reads_ahead_in_name_order_and_not_when_reads_jump(tmp_path, r
 
 
 def test_a_failed_read_ahead_fails_the_read_that_needs_it_and_no_other(tmp_path, monkeypatch):
-    from zerohop import _native, _read_ahead
+    from zerohop import _native
     tensors = {f"t{i:03d}": np.full(1000, i, np.float32) for i in range(40)}
     path = tmp_path / "m.safetensors"
     st_numpy.save_file(tensors, str(path))
-    monkeypatch.setattr(_read_ahead, "READ_AHEAD_FIRST", 40_000)
-    monkeypatch.setattr(_read_ahead, "READ_AHEAD_MOST", 40_000)
+    _window_sizes(monkeypatch, 40_000, 40_000, 40_000)
     real, calls = _native.read, []
 
     def read(*args, **kwargs):
