@@ -28,6 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe.h"
+
 #define MIB (1UL << 20)
 #define WINDOW (4 * MIB)
 
@@ -42,17 +44,6 @@ static struct {
     atomic_size_t next;
     int drop;
 } job;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
 
 static void *copier(void *arg) {
     (void)arg;

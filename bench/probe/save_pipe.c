@@ -33,6 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe.h"
+
 #define THREADS 16
 #define MAX_DEPTH 8
 
@@ -66,17 +68,6 @@ static struct {
     fn_void ctx_sync;
 } cu;
 static void *ctx;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
 
 static void check(int rc, const char *what) {
     if (rc) {

@@ -22,13 +22,9 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { MAX_HELPERS = 16, READS = 200 };
+#include "probe.h"
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+enum { MAX_HELPERS = 16, READS = 200 };
 
 static long futex(atomic_int *word, int op, int val) {
     return syscall(SYS_futex, word, op, val, NULL, NULL, 0);

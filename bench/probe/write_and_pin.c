@@ -32,19 +32,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe.h"
+
 #define CHUNK (4UL << 20)
 #define THREADS 16
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void die(const char *what) {
-    perror(what);
-    exit(1);
-}
 
 // One source buffer per thread (2 chunks), filled with bytes that differ.
 static uint8_t *src[THREADS];
