@@ -1,20 +1,28 @@
 //! How the read pipeline's windows are handed to workers: a claim is a
 //! range of work items that one worker takes at once.
 
-use crate::plan::{Window, WorkItem, MAX_GAP};
+use crate::plan::{Route, Window, WorkItem, MAX_GAP};
 use crate::storage::SourceFile;
 use std::ops::Range;
 
-/// What workers take at a time: each local window alone; a remote object's
-/// consecutive windows together, to be read from one request (see
-/// [`RemoteStream`](crate::storage::RemoteStream)), while they lie at most
-/// [`MAX_GAP`] apart and span at most `max_span` bytes, or less where that
-/// leaves fewer claims than `streams` (but never less than a window).
+/// What workers take at a time:
+/// - a remote object's consecutive windows together, to be read from one
+///   request (see [`RemoteStream`](crate::storage::RemoteStream)), while
+///   they lie at most [`MAX_GAP`] apart and span at most `max_span` bytes,
+///   or less where that leaves fewer claims than `streams` (but never less
+///   than a window);
+/// - with `gather` bytes, consecutive mapped-copy windows of one file
+///   whose copies take at most that many bytes together: the worker copies
+///   them one after another into one slot (see `read_pipeline`), so that
+///   the scattered pieces of a sliced read cost a slot, a fence and few
+///   device copies per `gather` bytes rather than per piece;
+/// - any other window alone.
 pub(super) fn claims(
     items: &[WorkItem],
     files: &[SourceFile],
     max_span: u64,
     streams: usize,
+    gather: Option<u64>,
 ) -> Vec<Range<usize>> {
     let remote = |w: &Window| files[w.file].remote().is_some();
     let remote_bytes: u64 = items
@@ -24,9 +32,11 @@ pub(super) fn claims(
         .sum();
     let span = (remote_bytes / streams.max(1) as u64).min(max_span);
     let mut out: Vec<Range<usize>> = Vec::new();
+    // Bytes the copies of the last claim take, where it gathers.
+    let mut gathered = 0;
     for (i, item) in items.iter().enumerate() {
         let w = &item.window;
-        let joins = remote(w)
+        let joins_remote = remote(w)
             && out.last().is_some_and(|c| {
                 let (first, prev) = (&items[c.start].window, &items[c.end - 1].window);
                 let prev_end = prev.start + prev.needed;
@@ -35,9 +45,24 @@ pub(super) fn claims(
                     && w.start - prev_end <= MAX_GAP
                     && w.start + w.needed - first.start <= span
             });
+        let gathers = |c: &Range<usize>| {
+            let prev = &items[c.end - 1];
+            gather.is_some_and(|most| {
+                item.route == Route::MappedCopy
+                    && prev.route == Route::MappedCopy
+                    && prev.window.file == w.file
+                    && gathered + w.payload() <= most
+            })
+        };
         match out.last_mut() {
-            Some(c) if joins => c.end = i + 1,
-            _ => out.push(i..i + 1),
+            Some(c) if joins_remote || gathers(c) => {
+                c.end = i + 1;
+                gathered += w.payload();
+            }
+            _ => {
+                out.push(i..i + 1);
+                gathered = w.payload();
+            }
         }
     }
     out
@@ -46,7 +71,7 @@ pub(super) fn claims(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{work_items, Extent, WindowCaps, STAGED};
+    use crate::plan::{work_items, Extent, Route, WindowCaps, STAGED};
     use crate::test_support::MemoryObject;
 
     const K: u64 = 1 << 10;
@@ -92,7 +117,7 @@ mod tests {
         };
         // One stream: claims of at most 256 KiB, cut at the gap; the local
         // file's windows alone.
-        let got: Vec<Vec<(usize, u64)>> = claims(&items, &files, 256 * K, 1)
+        let got: Vec<Vec<(usize, u64)>> = claims(&items, &files, 256 * K, 1, None)
             .iter()
             .map(windows)
             .collect();
@@ -109,7 +134,52 @@ mod tests {
         want.extend([vec![(1, 0)], vec![(1, 64)]]);
         assert_eq!(got, want);
         // Many streams: a window each, so that every stream gets work.
-        let many = claims(&items, &files, 256 * K, 64);
+        let many = claims(&items, &files, 256 * K, 64, None);
         assert_eq!(many.len(), items.len());
+    }
+
+    #[test]
+    fn small_mapped_windows_of_one_file_are_gathered_up_to_the_bytes_given() {
+        let dir = std::env::temp_dir().join(format!("zh-gather-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let paths = [dir.join("a"), dir.join("b")];
+        for p in &paths {
+            std::fs::write(p, vec![0u8; 1024 * K as usize]).unwrap();
+        }
+        let files = [
+            SourceFile::open(&paths[0]).unwrap(),
+            SourceFile::open(&paths[1]).unwrap(),
+        ];
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Pieces of 40 KiB, further apart than MAX_GAP: four of file 0,
+        // then two of file 1.
+        let mut extents: Vec<Extent> = (0..4).map(|i| extent(0, i * 300 * K, 40 * K)).collect();
+        extents.extend([extent(1, 0, 40 * K), extent(1, 600 * K, 40 * K)]);
+        let caps = WindowCaps {
+            slot: 128 * K,
+            mapped: 128 * K,
+            dma: 128 * K,
+        };
+        let mapped = [Route::MappedCopy, Route::MappedCopy];
+        let items = work_items(&extents, &mapped, caps);
+        assert_eq!(items.len(), 6, "each piece is a window of its own");
+        let sizes = |c: &[Range<usize>]| -> Vec<usize> { c.iter().map(|c| c.len()).collect() };
+        // 40 KiB pieces, 128 KiB at most per claim: three, then one, then
+        // file 1's two (never one claim across files).
+        assert_eq!(
+            sizes(&claims(&items, &files, 256 * K, 4, Some(128 * K))),
+            [3, 1, 2]
+        );
+        assert_eq!(
+            sizes(&claims(&items, &files, 256 * K, 4, None)),
+            [1; 6],
+            "without gathering, each window alone"
+        );
+        // Staged windows are never gathered.
+        let staged = work_items(&extents, &[STAGED, STAGED], caps);
+        assert_eq!(
+            sizes(&claims(&staged, &files, 256 * K, 4, Some(128 * K))),
+            [1; 6]
+        );
     }
 }

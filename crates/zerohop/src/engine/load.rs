@@ -224,7 +224,16 @@ impl Engine {
             true => (self.config.remote_streams, 1),
             false => (self.config.io_threads, 2),
         };
-        let claims = super::claims::claims(&items, files, self.config.remote_read_bytes, workers);
+        // A check sees each window's file range in its slot: gathered
+        // pieces are not one.
+        let gather = check.is_none().then_some(caps.mapped.min(slot));
+        let claims = super::claims::claims(
+            &items,
+            files,
+            self.config.remote_read_bytes,
+            workers,
+            gather,
+        );
         let staging_seconds = pool.allocate(self.device.as_ref())?;
         let shares = pool.worker_shares(workers.min(claims.len()), min_slots);
         let threads = shares.len();

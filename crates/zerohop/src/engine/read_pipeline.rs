@@ -173,6 +173,17 @@ fn run_items(
             break;
         };
         let items = &job.items[claim.clone()];
+        // Without a check, which must see each window's file range in its
+        // slot, mapped copies move only the bytes their copies take (where
+        // those fit a slot: copies of one window may overlap in the file).
+        let payload: u64 = items.iter().map(|i| i.window.payload()).sum();
+        if items[0].route == Route::MappedCopy
+            && job.check.is_none()
+            && payload <= w.slots.slot_bytes() as u64
+        {
+            stage_gathered(w, free, pending, moved, job, items)?;
+            continue;
+        }
         w.stream = open_stream(job, items)?;
         for item in items {
             if shared.abort.load(Ordering::Relaxed) {
@@ -342,22 +353,7 @@ fn stage(
     win: &Window,
 ) -> Result<()> {
     let file = &job.files[win.file];
-    let slot = loop {
-        if let Some(slot) = w.slots.take(free, pending.is_empty()) {
-            break slot;
-        }
-        wait_oldest(pending, free, &mut moved.profile)?;
-    };
-    // The pool may still be making the slot ready (a new engine's first
-    // transfer), which may write its pages: neither the CPU nor a copy
-    // uses it before.
-    let t = Instant::now();
-    let ready = w.slots.wait_ready(slot);
-    moved.profile.staging_wait_seconds += t.elapsed().as_secs_f64();
-    if let Err(e) = ready {
-        free.push(slot);
-        return Err(e);
-    }
+    let slot = take_slot(w, free, pending, moved)?;
     let t = Instant::now();
     let read = match fill {
         Fill::Read(mode) => read_window(w, slot, job.backend, file, mode, win).map(Some),
@@ -398,6 +394,119 @@ fn stage(
     Ok(())
 }
 
+/// A free slot, ready for use: the oldest pending copies are waited for
+/// until one is.
+fn take_slot(
+    w: &mut Equipment<'_>,
+    free: &mut Vec<usize>,
+    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    moved: &mut Moved,
+) -> Result<usize> {
+    let slot = loop {
+        if let Some(slot) = w.slots.take(free, pending.is_empty()) {
+            break slot;
+        }
+        wait_oldest(pending, free, &mut moved.profile)?;
+    };
+    // The pool may still be making the slot ready (a new engine's first
+    // transfer), which may write its pages: neither the CPU nor a copy
+    // uses it before.
+    let t = Instant::now();
+    let ready = w.slots.wait_ready(slot);
+    moved.profile.staging_wait_seconds += t.elapsed().as_secs_f64();
+    match ready {
+        Ok(()) => Ok(slot),
+        Err(e) => {
+            free.push(slot);
+            Err(e)
+        }
+    }
+}
+
+/// Moves a claim of mapped-copy windows (gathered: see `claims`): the
+/// bytes of their copies, one after another in one slot, queued as the
+/// fewest device copies behind one fence.
+fn stage_gathered(
+    w: &mut Equipment<'_>,
+    free: &mut Vec<usize>,
+    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    moved: &mut Moved,
+    job: &Job<'_>,
+    items: &[WorkItem],
+) -> Result<()> {
+    let slot = take_slot(w, free, pending, moved)?;
+    let t = Instant::now();
+    let gathered = gather_copies(w, slot, job, items);
+    moved.profile.io_seconds += t.elapsed().as_secs_f64();
+    let copies = match gathered {
+        Ok(copies) => copies,
+        Err(e) => {
+            free.push(slot);
+            return Err(e);
+        }
+    };
+    // SAFETY: the slot holds every copy's bytes, at its `window_offset`,
+    // and stays untouched until the fence below has been waited for.
+    let fence = unsafe {
+        queue_copies(
+            w.queue.as_ref(),
+            w.slots.ptr(slot),
+            &copies,
+            &mut moved.profile,
+        )?
+    };
+    pending.push_back((fence, Held::Slot(slot)));
+    for item in items {
+        moved.mapped += item.window.payload();
+        if let Some(p) = job.progress {
+            p(item.window.payload());
+        }
+    }
+    Ok(())
+}
+
+/// Copies the bytes of every copy of `items` out of their file's mapping
+/// into `slot`, back to back, and returns the device copies out of the
+/// slot: pieces that follow each other on the device too are one.
+fn gather_copies(
+    w: &mut Equipment<'_>,
+    slot: usize,
+    job: &Job<'_>,
+    items: &[WorkItem],
+) -> Result<Vec<WindowCopy>> {
+    let (base, room) = (w.slots.ptr(slot), w.slots.slot_bytes() as u64);
+    let mut out: Vec<WindowCopy> = Vec::new();
+    let mut at = 0;
+    for win in items.iter().map(|i| &i.window) {
+        let map = job.maps[win.file]
+            .as_ref()
+            .expect("mapped-copy files are mapped");
+        for c in &win.copies {
+            assert!(at + c.len <= room, "gathered copies larger than a slot");
+            // SAFETY: this worker owns the slot exclusively and no copy
+            // reads it now (its last fence has passed); `at .. at + c.len`
+            // lies inside it (asserted) and is borrowed once.
+            let buf =
+                unsafe { std::slice::from_raw_parts_mut(base.add(at as usize), c.len as usize) };
+            let offset = win.start + c.window_offset;
+            map.copy_to(offset, buf, job.crew)
+                .map_err(|e| mapped_copy_failed(&job.files[win.file], offset, c.len, e))?;
+            match out.last_mut() {
+                Some(p) if p.window_offset + p.len == at && p.dst + p.len == c.dst => {
+                    p.len += c.len
+                }
+                _ => out.push(WindowCopy {
+                    window_offset: at,
+                    len: c.len,
+                    dst: c.dst,
+                }),
+            }
+            at += c.len;
+        }
+    }
+    Ok(out)
+}
+
 /// Copies the bytes `win` needs out of its file's mapping into `slot`.
 fn copy_window(w: &mut Equipment<'_>, slot: usize, job: &Job<'_>, win: &Window) -> Result<()> {
     assert_fits(win, w.slots.slot_bytes());
@@ -408,18 +517,19 @@ fn copy_window(w: &mut Equipment<'_>, slot: usize, job: &Job<'_>, win: &Window) 
     // SAFETY: this worker owns the slot exclusively and no copy reads it now
     // (its last fence has passed), so a unique mutable view is sound.
     let buf = unsafe { std::slice::from_raw_parts_mut(w.slots.ptr(slot), win.needed as usize) };
-    map.copy_to(win.start, buf, job.crew).map_err(|e| {
-        // Say how the file changed, where the stamp shows it.
-        file.check_unchanged().err().unwrap_or_else(|| {
-            Error::io(
-                file.path(),
-                &format!(
-                    "copy of {} bytes at offset {} out of the mapping failed in",
-                    win.needed, win.start
-                ),
-                e,
-            )
-        })
+    map.copy_to(win.start, buf, job.crew)
+        .map_err(|e| mapped_copy_failed(file, win.start, win.needed, e))
+}
+
+/// The error of a copy of `len` bytes at `offset` out of `file`'s mapping:
+/// how the file changed, where its stamp shows it.
+fn mapped_copy_failed(file: &SourceFile, offset: u64, len: u64, e: std::io::Error) -> Error {
+    file.check_unchanged().err().unwrap_or_else(|| {
+        Error::io(
+            file.path(),
+            &format!("copy of {len} bytes at offset {offset} out of the mapping failed in"),
+            e,
+        )
     })
 }
 
