@@ -8,8 +8,9 @@ forward in the file's order or the names' (keys()), the small tensors that
 come next in that order are read with the second, in one engine call: a
 window of READ_AHEAD_FIRST bytes, twice as many each time up to
 READ_AHEAD_MOST, and the READ_AHEAD_WINDOWS windows after it are read on
-threads while this one is used. While reads take every tensor of each window in turn, windows
-grow on up to READ_AHEAD_DENSE_MOST. Reads that jump about get no window.
+threads while this one is used. While reads take every tensor of each
+window in turn, windows grow four times as fast, up to
+READ_AHEAD_DENSE_MOST. Reads that jump about get no window.
 A tensor over READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked,
 and windows pass over it; objects in a store are never read ahead.
 
@@ -34,8 +35,10 @@ READ_AHEAD_FIRST = 16 << 20
 READ_AHEAD_MOST = 128 << 20
 # Windows taken densely cost no memory beyond the tensors given out but
 # the windows read ahead, and each window's engine call has a fixed cost
-# on top of its transfer: they grow larger.
-READ_AHEAD_DENSE_MOST = 512 << 20
+# on top of its transfer (its workers' start, and the copies into the
+# device left when the last copy out of the file ends): they grow faster,
+# and larger.
+READ_AHEAD_DENSE_MOST = 1 << 30
 # Windows read ahead of the one in use: the next is planned while the one
 # before it is read, so the engine goes from one to the next at once.
 READ_AHEAD_WINDOWS = 2
@@ -222,8 +225,8 @@ class _ReadAhead:
         none are left."""
         order = self.orders[k]
         picked: List[_Tensor] = []
-        most = READ_AHEAD_DENSE_MOST if self.dense else READ_AHEAD_MOST
-        budget = min(most, READ_AHEAD_FIRST << min(self.windows, 10))
+        most, growth = (READ_AHEAD_DENSE_MOST, 2) if self.dense else (READ_AHEAD_MOST, 1)
+        budget = min(most, READ_AHEAD_FIRST << min(growth * self.windows, 20))
         total = 0
         while i < len(order):
             if order[i].end - order[i].begin <= READ_AHEAD_TENSOR_BYTES:

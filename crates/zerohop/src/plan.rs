@@ -305,6 +305,48 @@ pub(crate) fn work_items(extents: &[Extent], routes: &[Route], caps: WindowCaps)
     items
 }
 
+/// `items` with the mapped-copy windows of their last `tail` payload bytes
+/// cut into windows of at most `piece` bytes. A transfer ends once its
+/// last copies into the device have run, after every worker's last copy
+/// out of a mapping: small windows there leave less on the device's queue
+/// at the end (16 workers' 4 MiB slots take 1.2 ms at 55 GB/s, while the
+/// CPUs wait), and less difference between the workers' last windows.
+pub(crate) fn taper(items: Vec<WorkItem>, tail: u64, piece: u64) -> Vec<WorkItem> {
+    let page = rustix::param::page_size() as u64;
+    let piece = (piece / page).max(1) * page;
+    let mut left = tail;
+    let mut out: Vec<WorkItem> = Vec::with_capacity(items.len());
+    for item in items.into_iter().rev() {
+        if left == 0 || item.route != Route::MappedCopy {
+            out.push(item);
+            continue;
+        }
+        left = left.saturating_sub(item.window.payload());
+        let w = &item.window;
+        let extents: Vec<Extent> = w
+            .copies
+            .iter()
+            .map(|c| Extent {
+                file: w.file,
+                file_offset: w.start + c.window_offset,
+                len: c.len,
+                dst: c.dst,
+            })
+            .collect();
+        out.extend(
+            windows(&extents, piece, page)
+                .into_iter()
+                .rev()
+                .map(|window| WorkItem {
+                    window,
+                    route: item.route,
+                }),
+        );
+    }
+    out.reverse();
+    out
+}
+
 /// `file`'s windows replaced by one window per `cap`-aligned chunk of its
 /// `len` bytes, each with the copies that fall in it: a remote object's
 /// parts are written whole (what no copy fills is zeros, or host bytes).
@@ -516,5 +558,39 @@ mod tests {
                 .collect();
             check(&es, 1 << (13 + next(8)), 1 << (9 + next(4)));
         }
+    }
+
+    #[test]
+    fn taper_cuts_only_the_last_mapped_windows_finer() {
+        let page = rustix::param::page_size() as u64;
+        let cap = 16 * page;
+        let caps = WindowCaps {
+            slot: cap,
+            mapped: cap,
+            dma: cap,
+        };
+        // 64 pages of one file, mapped: four windows of 16 pages.
+        let extents = [ext(0, 0, 64 * page, 0)];
+        let items = work_items(&extents, &[Route::MappedCopy], caps);
+        assert_eq!(items.len(), 4);
+        // The last 20 pages in windows of 4: the last window in four, the
+        // one before it too (the tail reaches into it), the first two whole.
+        let tapered = taper(items, 20 * page, 4 * page);
+        let sizes: Vec<u64> = tapered.iter().map(|i| i.window.needed / page).collect();
+        assert_eq!(sizes, [16, 16, 4, 4, 4, 4, 4, 4, 4, 4]);
+        // Every byte once, in file order, to the same place.
+        let mut at = 0;
+        for i in &tapered {
+            for c in &i.window.copies {
+                assert_eq!((i.window.start + c.window_offset, c.dst), (at, at));
+                at += c.len;
+            }
+        }
+        assert_eq!(at, 64 * page);
+        let none = work_items(&extents, &[Route::MappedCopy], caps);
+        assert_eq!(taper(none, 0, 4 * page).len(), 4, "no tail");
+        // Staged windows are kept as they are.
+        let staged = work_items(&extents, &[STAGED], caps);
+        assert_eq!(taper(staged, 64 * page, 4 * page).len(), 4);
     }
 }

@@ -243,7 +243,7 @@ fn one_window_hot_reads_shared_with_helpers_arrive_exactly() {
 /// A tensor-parallel rank's rows: the first half of each of many small
 /// tensors, into one block. The mapped route gathers the scattered halves
 /// into shared slots, and halves that follow each other in the block go to
-/// the device as one copy.
+/// the device as one copy; the last ones in smaller claims.
 #[test]
 fn halves_of_small_tensors_are_gathered_into_few_device_copies() {
     let dir = TestDir::new("halves");
@@ -257,7 +257,7 @@ fn halves_of_small_tensors_are_gathered_into_few_device_copies() {
     let dev: Arc<dyn Device> = sim.clone();
     let engine = Engine::new(
         dev.clone(),
-        config(1 << 20, 8, 4, DirectIo::Never, HotRoute::Mapped),
+        config(1 << 20, 8, 2, DirectIo::Never, HotRoute::Mapped),
     )
     .unwrap();
     let files = Engine::open_files(&[&path]).unwrap();
@@ -273,11 +273,11 @@ fn halves_of_small_tensors_are_gathered_into_few_device_copies() {
     let stats = engine.transfer(&files, &plan, None).unwrap();
     assert_eq!(stats.mapped_bytes, halves);
     assert!(read_all(dev.as_ref(), &block) == expect);
-    // 64 windows of 24 - 96 KB in up to 1 MiB each: about 8 device copies
-    // (a few more where a 1 MiB chunk of the file cuts a half in two or a
-    // worker's claim ends), never one per window.
+    // 3.8 MB of halves, 24 - 96 KB each, in claims of up to 1 MiB, and of
+    // 256 KiB in the last 2 MiB (two workers' slots, see `plan::taper`):
+    // about a dozen device copies, never one per half.
     let (copies, _) = sim.copy_counts();
-    assert!(copies <= 16, "{copies} device copies for 64 halves");
+    assert!(copies <= 20, "{copies} device copies for 64 halves");
 }
 
 /// Offsets beyond 4 GiB in a sparse file, and a bound on staging far below

@@ -11,18 +11,19 @@ use std::ops::Range;
 ///   they lie at most [`MAX_GAP`] apart and span at most `max_span` bytes,
 ///   or less where that leaves fewer claims than `streams` (but never less
 ///   than a window);
-/// - with `gather` bytes, consecutive mapped-copy windows of one file
-///   whose copies take at most that many bytes together: the worker copies
-///   them one after another into one slot (see `read_pipeline`), so that
-///   the scattered pieces of a sliced read cost a slot, a fence and few
-///   device copies per `gather` bytes rather than per piece;
+/// - with `gather`, consecutive mapped-copy windows of one file whose
+///   copies take at most `gather.most` bytes together (`gather.tail_most`
+///   in the last `gather.tail` bytes: see `plan::taper`): the worker
+///   copies them one after another into one slot (see `read_pipeline`), so
+///   that the scattered pieces of a sliced read cost a slot, a fence and
+///   few device copies per slot rather than per piece;
 /// - any other window alone.
 pub(super) fn claims(
     items: &[WorkItem],
     files: &[SourceFile],
     max_span: u64,
     streams: usize,
-    gather: Option<u64>,
+    gather: Option<Gather>,
 ) -> Vec<Range<usize>> {
     let remote = |w: &Window| files[w.file].remote().is_some();
     let remote_bytes: u64 = items
@@ -32,8 +33,14 @@ pub(super) fn claims(
         .sum();
     let span = (remote_bytes / streams.max(1) as u64).min(max_span);
     let mut out: Vec<Range<usize>> = Vec::new();
-    // Bytes the copies of the last claim take, where it gathers.
+    // Bytes the copies of the last claim take, where it gathers, and those
+    // of the mapped-copy windows from this one on.
     let mut gathered = 0;
+    let mut mapped_left: u64 = items
+        .iter()
+        .filter(|i| i.route == Route::MappedCopy)
+        .map(|i| i.window.payload())
+        .sum();
     for (i, item) in items.iter().enumerate() {
         let w = &item.window;
         let joins_remote = remote(w)
@@ -47,7 +54,12 @@ pub(super) fn claims(
             });
         let gathers = |c: &Range<usize>| {
             let prev = &items[c.end - 1];
-            gather.is_some_and(|most| {
+            gather.is_some_and(|g| {
+                let most = if mapped_left <= g.tail {
+                    g.tail_most
+                } else {
+                    g.most
+                };
                 item.route == Route::MappedCopy
                     && prev.route == Route::MappedCopy
                     && prev.window.file == w.file
@@ -64,8 +76,22 @@ pub(super) fn claims(
                 gathered = w.payload();
             }
         }
+        if item.route == Route::MappedCopy {
+            mapped_left -= w.payload();
+        }
     }
     out
+}
+
+/// How [`claims`] gathers mapped-copy windows.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Gather {
+    /// Bytes of copies one claim takes at most.
+    pub most: u64,
+    /// The mapped-copy bytes at the end of the transfer that are gathered
+    /// into claims of at most `tail_most` bytes.
+    pub tail: u64,
+    pub tail_most: u64,
 }
 
 #[cfg(test)]
@@ -164,10 +190,15 @@ mod tests {
         let items = work_items(&extents, &mapped, caps);
         assert_eq!(items.len(), 6, "each piece is a window of its own");
         let sizes = |c: &[Range<usize>]| -> Vec<usize> { c.iter().map(|c| c.len()).collect() };
+        let gather = Gather {
+            most: 128 * K,
+            tail: 0,
+            tail_most: 0,
+        };
         // 40 KiB pieces, 128 KiB at most per claim: three, then one, then
         // file 1's two (never one claim across files).
         assert_eq!(
-            sizes(&claims(&items, &files, 256 * K, 4, Some(128 * K))),
+            sizes(&claims(&items, &files, 256 * K, 4, Some(gather))),
             [3, 1, 2]
         );
         assert_eq!(
@@ -175,10 +206,20 @@ mod tests {
             [1; 6],
             "without gathering, each window alone"
         );
+        // The last 100 KiB: claims of at most 64 KiB there.
+        let tapered = Gather {
+            tail: 100 * K,
+            tail_most: 64 * K,
+            ..gather
+        };
+        assert_eq!(
+            sizes(&claims(&items, &files, 256 * K, 4, Some(tapered))),
+            [3, 1, 1, 1]
+        );
         // Staged windows are never gathered.
         let staged = work_items(&extents, &[STAGED, STAGED], caps);
         assert_eq!(
-            sizes(&claims(&staged, &files, 256 * K, 4, Some(128 * K))),
+            sizes(&claims(&staged, &files, 256 * K, 4, Some(gather))),
             [1; 6]
         );
     }

@@ -2,6 +2,7 @@
 //! its route, the hot route measured first where it is still unknown (and
 //! remembered in `hot_choice`).
 
+use super::claims::Gather;
 use super::config::HotRoute;
 use super::hot_choice::{self, HotChoice};
 use super::page_cache_dma;
@@ -10,7 +11,7 @@ use super::route::{FileRoute, NO_DMA_NOTE};
 use super::workers::Progress;
 use super::Engine;
 use crate::device::wait_for_buffer_streams;
-use crate::plan::{split_extents, work_items, Extent, Route, TransferPlan, WindowCaps};
+use crate::plan::{split_extents, taper, work_items, Extent, Route, TransferPlan, WindowCaps};
 use crate::staging::StagingPool;
 use crate::stats::TransferStats;
 use crate::storage::SourceFile;
@@ -213,7 +214,6 @@ impl Engine {
             dma: self.config.dma_window_bytes as u64,
         };
         let items = work_items(extents, &routes, caps);
-        let windows = items.len();
         // Workers of remote objects wait on the server: more of them, and
         // one slot each suffices (its copy is done long before the next
         // window has arrived).
@@ -224,9 +224,30 @@ impl Engine {
             true => (self.config.remote_streams, 1),
             false => (self.config.io_threads, 2),
         };
-        // A check sees each window's file range in its slot: gathered
-        // pieces are not one.
-        let gather = check.is_none().then_some(caps.mapped.min(slot));
+        // A check sees each window's file range in its slot: those windows
+        // are neither cut finer at the end nor gathered. A transfer of no
+        // more than a slot's worth per worker is not cut finer either: its
+        // windows go one to a worker already, and more of them would start
+        // more workers, which costs a small read more than it gains.
+        let most = caps.mapped.min(slot);
+        let mapped: u64 = items
+            .iter()
+            .filter(|i| i.route == Route::MappedCopy)
+            .map(|i| i.window.payload())
+            .sum();
+        let tail = workers as u64 * most;
+        let (items, gather) = match check {
+            Some(_) => (items, None),
+            None => {
+                let gather = Gather {
+                    most,
+                    tail: if mapped > tail { tail } else { 0 },
+                    tail_most: most / 4,
+                };
+                (taper(items, gather.tail, gather.tail_most), Some(gather))
+            }
+        };
+        let windows = items.len();
         let claims = super::claims::claims(
             &items,
             files,
