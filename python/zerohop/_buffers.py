@@ -353,9 +353,13 @@ class Allocation:
     milliseconds on torch calls that make views (about 18 ms for 3,000 on
     the H200 machine)."""
 
-    def __init__(self, addresses: List[int], blocks: List[Optional[int]], owners: List[Any], make: Any):
+    def __init__(self, addresses: List[int], blocks: List[Optional[int]], owners: List[Any], make: Any,
+                 regions: Optional[List[Tuple[int, int]]] = None):
         self.addresses = addresses
         self.blocks = blocks
+        # The shared blocks, (address, bytes): the engine may fill the
+        # tensors of one block with one copy where they follow each other.
+        self.regions = regions or []
         # What owns the memory: it must outlive any transfer into it.
         self.owners = owners
         self._make = make
@@ -438,7 +442,8 @@ def allocate(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], de
             out[i] = t
         return out
 
-    return Allocation(addresses, [None if place is None else place[0] for place in places], raws + list(alone.values()), make)
+    return Allocation(addresses, [None if place is None else place[0] for place in places], raws + list(alone.values()), make,
+                      [(raw.data_ptr(), raw.numel()) for raw in raws])
 
 
 def views_of(raw: Any, name: str, members: List[Tuple[int, int]], specs: Sequence[Tuple[str, Sequence[int], int]], out: List[Any]) -> None:

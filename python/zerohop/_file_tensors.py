@@ -84,7 +84,7 @@ def _load(
     memory, pieces = _placed(wanted, device, framework)
     args = (device, sources, pieces, _buffers.current_stream(device), progress)
     if pieces:
-        tensors = _buffers.tensors_while(lambda: _native.read(*args, stats=False), [memory])[0]
+        tensors = _buffers.tensors_while(lambda: _native.read(*args, stats=False, regions=memory.regions), [memory])[0]
     else:
         tensors = memory.tensors()
     return {t.name: x for t, x in zip(wanted, tensors)}

@@ -122,18 +122,18 @@ class _WindowRead:
         memory, pieces = _placed(parts, device, framework)
         self.window = _Window(parts, memory, stream, order, after)
         self._failed: List[BaseException] = []
-        self._thread = threading.Thread(target=self._read, args=(device, sources, pieces, stream, behind),
+        self._thread = threading.Thread(target=self._read, args=(device, sources, pieces, memory.regions, stream, behind),
                                         name="zerohop-read-ahead", daemon=True)
         self._thread.start()
         self.window.tensors = memory.tensors()
 
-    def _read(self, device: str, sources: Any, pieces: List[Tuple[int, ...]], stream: Optional[int],
-              behind: Optional["_WindowRead"]) -> None:
+    def _read(self, device: str, sources: Any, pieces: List[Tuple[int, ...]], regions: List[Tuple[int, int]],
+              stream: Optional[int], behind: Optional["_WindowRead"]) -> None:
         if behind is not None:
             behind._thread.join()
         try:
             if pieces:
-                _native.read(device, sources, pieces, stream, False, stats=False)
+                _native.read(device, sources, pieces, stream, False, stats=False, regions=regions)
         except BaseException as e:  # raised by wait()
             self._failed.append(e)
 

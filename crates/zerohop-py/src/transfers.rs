@@ -106,7 +106,8 @@ pub enum SourcesArg<'py> {
 /// transfer's stats as JSON, or None with `stats=False` (callers that
 /// drop them: a small `get_slice` would spend microseconds on the text).
 #[pyfunction]
-#[pyo3(signature = (device, sources, pieces, stream=None, progress=None, stats=true))]
+#[pyo3(signature = (device, sources, pieces, stream=None, progress=None, stats=true, regions=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn read(
     py: Python<'_>,
     device: &str,
@@ -115,6 +116,7 @@ pub fn read(
     stream: Option<u64>,
     progress: Option<Bound<'_, PyAny>>,
     stats: bool,
+    regions: Option<Vec<(u64, u64)>>,
 ) -> PyResult<Option<String>> {
     let place = Place::parse(device)?;
     let engine = py.detach(|| engine(place))?;
@@ -142,13 +144,39 @@ pub fn read(
         let mut plan = TransferPlan::new();
         // A plan holds addresses only; the buffers (on the simulated
         // device, registrations) must live until the transfer is done.
+        // A piece inside one of `regions` (an allocation of the caller's)
+        // goes into it: one device copy may then cover several pieces.
+        let mut regions = regions.unwrap_or_default();
+        regions.sort_unstable();
+        let mut region_buffers = vec![None; regions.len()];
         let mut targets = Vec::with_capacity(pieces.len());
         for &(file, offset, len, addr) in pieces.iter().filter(|p| p.2 > 0) {
-            // SAFETY: the Python half passes live buffers of `device` that
-            // it keeps alive for this call.
-            let buf = unsafe { engine.device().borrow(addr, len as usize, stream) }?;
-            plan.add(files, file, offset, len, &buf, 0)?;
-            targets.push(buf);
+            let k = regions.partition_point(|r| r.0 <= addr);
+            let inside = k.checked_sub(1).filter(|&k| {
+                let (base, n) = regions[k];
+                addr.checked_add(len)
+                    .is_some_and(|end| end <= base.saturating_add(n))
+            });
+            match inside {
+                Some(k) => {
+                    let (base, n) = regions[k];
+                    if region_buffers[k].is_none() {
+                        // SAFETY: the Python half passes live allocations
+                        // of `device` that it keeps alive for this call.
+                        region_buffers[k] =
+                            Some(unsafe { engine.device().borrow(base, n as usize, stream) }?);
+                    }
+                    let buf = region_buffers[k].as_ref().expect("just made");
+                    plan.add(files, file, offset, len, buf, addr - base)?;
+                }
+                None => {
+                    // SAFETY: the Python half passes live buffers of
+                    // `device` that it keeps alive for this call.
+                    let buf = unsafe { engine.device().borrow(addr, len as usize, stream) }?;
+                    plan.add(files, file, offset, len, &buf, 0)?;
+                    targets.push(buf);
+                }
+            }
         }
         reporter.with(|progress| engine.transfer(files, &plan, progress))
     });

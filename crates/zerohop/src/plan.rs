@@ -152,6 +152,16 @@ impl TransferPlan {
         Ok(())
     }
 
+    /// The destinations' buffers, as (address, length) sorted by address:
+    /// one device copy may span several extents only inside one of them
+    /// (a buffer lies in one allocation; two may lie side by side).
+    pub(crate) fn buffer_ranges(&self) -> Vec<(DeviceAddr, u64)> {
+        let mut ranges: Vec<(DeviceAddr, u64)> =
+            self.buffers.keys().map(|&(a, n)| (a, n as u64)).collect();
+        ranges.sort_unstable();
+        ranges
+    }
+
     /// Total bytes the transfer moves.
     pub fn bytes(&self) -> u64 {
         self.bytes

@@ -243,7 +243,8 @@ fn one_window_hot_reads_shared_with_helpers_arrive_exactly() {
 /// A tensor-parallel rank's rows: the first half of each of many small
 /// tensors, into one block. The mapped route gathers the scattered halves
 /// into shared slots, and halves that follow each other in the block go to
-/// the device as one copy; the last ones in smaller claims.
+/// the device as one copy (inside one buffer); the last ones in smaller
+/// claims.
 #[test]
 fn halves_of_small_tensors_are_gathered_into_few_device_copies() {
     let dir = TestDir::new("halves");
@@ -278,6 +279,29 @@ fn halves_of_small_tensors_are_gathered_into_few_device_copies() {
     // about a dozen device copies, never one per half.
     let (copies, _) = sim.copy_counts();
     assert!(copies <= 20, "{copies} device copies for 64 halves");
+
+    // Each half into a buffer of its own, side by side: buffers may be
+    // allocations of their own, which no copy may span, so every half is
+    // a device copy of its own.
+    let other = dev.alloc(halves as usize).unwrap();
+    let mut plan = TransferPlan::new();
+    let (mut at, mut to, mut own) = (0u64, 0u64, Vec::new());
+    for n in &tensors {
+        // SAFETY: a range of `other`, which outlives the transfer.
+        let buf =
+            unsafe { DeviceBuffer::borrowed(other.addr() + to, (n / 2) as usize, other.device()) };
+        plan.add(&files, 0, at, n / 2, &buf, 0).unwrap();
+        own.push(buf);
+        (at, to) = (at + n, to + n / 2);
+    }
+    engine.transfer(&files, &plan, None).unwrap();
+    assert!(read_all(dev.as_ref(), &other) == expect);
+    let (all, _) = sim.copy_counts();
+    assert!(
+        all - copies >= 64,
+        "{} device copies for 64 halves in 64 buffers",
+        all - copies
+    );
 }
 
 /// Offsets beyond 4 GiB in a sparse file, and a bound on staging far below

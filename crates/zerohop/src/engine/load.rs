@@ -10,7 +10,7 @@ use super::read_pipeline::{self, Job, Moved, ReadCheck, Worker};
 use super::route::{FileRoute, NO_DMA_NOTE};
 use super::workers::Progress;
 use super::Engine;
-use crate::device::wait_for_buffer_streams;
+use crate::device::{wait_for_buffer_streams, DeviceAddr};
 use crate::plan::{split_extents, taper, work_items, Extent, Route, TransferPlan, WindowCaps};
 use crate::staging::StagingPool;
 use crate::stats::TransferStats;
@@ -83,15 +83,18 @@ impl Engine {
         if self.config.hot_route == HotRoute::PageCacheDma && !self.dma_copies {
             done.notes.push(NO_DMA_NOTE.into());
         }
+        let regions = plan.buffer_ranges();
         let (hot_route, hot_left) =
-            self.choose_hot_route(files, hot, &mut pool, progress, &mut done)?;
+            self.choose_hot_route(files, hot, &regions, &mut pool, progress, &mut done)?;
         let extents: Vec<Extent> = hot_left.into_iter().chain(other).collect();
         let setup_seconds = started.elapsed().as_secs_f64();
         let route_of = |f: usize| match routes[f] {
             FileRoute::Fixed(r) => r,
             FileRoute::MeasuredHot => hot_route,
         };
-        done.absorb(self.run_phase(files, &extents, route_of, &mut pool, check, progress)?);
+        done.absorb(self.run_phase(
+            files, &extents, &regions, route_of, &mut pool, check, progress,
+        )?);
         files.iter().try_for_each(SourceFile::check_unchanged)?;
 
         let mut stats = TransferStats {
@@ -136,6 +139,7 @@ impl Engine {
         &self,
         files: &[SourceFile],
         hot: Vec<Extent>,
+        regions: &[(DeviceAddr, u64)],
         pool: &mut StagingPool,
         progress: Option<Progress<'_>>,
         done: &mut Phase,
@@ -171,7 +175,15 @@ impl Engine {
         let (b, rest) = split_extents(&rest, probe);
         let mut timed = |extents: Vec<Extent>, route: Route| -> Result<f64> {
             let t = Instant::now();
-            done.absorb(self.run_phase(files, &extents, |_| route, pool, None, progress)?);
+            done.absorb(self.run_phase(
+                files,
+                &extents,
+                regions,
+                |_| route,
+                pool,
+                None,
+                progress,
+            )?);
             Ok(probe as f64 / t.elapsed().as_secs_f64() / 1e9)
         };
         let choice = HotChoice {
@@ -189,11 +201,14 @@ impl Engine {
         Ok((choice.route(), rest))
     }
 
-    /// One pipeline run over `extents`, each file taking `route_of(file)`.
+    /// One pipeline run over `extents` (into `regions`: see
+    /// [`TransferPlan::buffer_ranges`]), each file taking `route_of(file)`.
+    #[allow(clippy::too_many_arguments)]
     fn run_phase(
         &self,
         files: &[SourceFile],
         extents: &[Extent],
+        regions: &[(DeviceAddr, u64)],
         route_of: impl Fn(usize) -> Route,
         pool: &mut StagingPool,
         check: Option<ReadCheck<'_>>,
@@ -270,6 +285,7 @@ impl Engine {
             backend: self.backend.as_ref(),
             files,
             maps: &maps,
+            regions,
             items,
             claims,
             check,

@@ -11,7 +11,7 @@
 use super::page_cache_dma::populate;
 use super::workers::{assert_fits, run_workers, Progress, QueuePool};
 use crate::crew::Crew;
-use crate::device::{CopyQueue, Device, Fence, HostPin};
+use crate::device::{CopyQueue, Device, DeviceAddr, Fence, HostPin};
 use crate::plan::{Extent, Route, Window, WindowCopy, WorkItem};
 use crate::staging::StagingShare;
 use crate::stats::WorkerProfile;
@@ -63,6 +63,8 @@ pub(super) struct Job<'a> {
     /// Read-only mappings of the files that take the mapped-copy or the
     /// page-cache DMA route.
     pub maps: &'a [Option<&'a GuardedMapping>],
+    /// The destinations' buffers, sorted (see `TransferPlan::buffer_ranges`).
+    pub regions: &'a [(DeviceAddr, u64)],
     pub items: Vec<WorkItem>,
     /// What a worker takes at a time: ranges of `items` (see
     /// [`super::claims::claims`]).
@@ -492,7 +494,11 @@ fn gather_copies(
             map.copy_to(offset, buf, job.crew)
                 .map_err(|e| mapped_copy_failed(&job.files[win.file], offset, c.len, e))?;
             match out.last_mut() {
-                Some(p) if p.window_offset + p.len == at && p.dst + p.len == c.dst => {
+                Some(p)
+                    if p.window_offset + p.len == at
+                        && p.dst + p.len == c.dst
+                        && within_one(job.regions, p.dst, c.dst + c.len) =>
+                {
                     p.len += c.len
                 }
                 _ => out.push(WindowCopy {
@@ -505,6 +511,13 @@ fn gather_copies(
         }
     }
     Ok(out)
+}
+
+/// Whether `start .. end` lies inside one of `regions` (sorted by address):
+/// then one device copy may cover it.
+fn within_one(regions: &[(DeviceAddr, u64)], start: DeviceAddr, end: DeviceAddr) -> bool {
+    let k = regions.partition_point(|r| r.0 <= start);
+    k > 0 && end <= regions[k - 1].0 + regions[k - 1].1
 }
 
 /// Copies the bytes `win` needs out of its file's mapping into `slot`.
