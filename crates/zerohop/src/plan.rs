@@ -44,6 +44,19 @@ impl Window {
     pub fn payload(&self) -> u64 {
         self.copies.iter().map(|c| c.len).sum()
     }
+
+    /// Its copies as the extents they came from, to be cut anew.
+    pub fn extents(&self) -> Vec<Extent> {
+        self.copies
+            .iter()
+            .map(|c| Extent {
+                file: self.file,
+                file_offset: self.start + c.window_offset,
+                len: c.len,
+                dst: c.dst,
+            })
+            .collect()
+    }
 }
 
 /// Gaps up to this size between extents are read through rather than
@@ -332,19 +345,8 @@ pub(crate) fn taper(items: Vec<WorkItem>, tail: u64, piece: u64) -> Vec<WorkItem
             continue;
         }
         left = left.saturating_sub(item.window.payload());
-        let w = &item.window;
-        let extents: Vec<Extent> = w
-            .copies
-            .iter()
-            .map(|c| Extent {
-                file: w.file,
-                file_offset: w.start + c.window_offset,
-                len: c.len,
-                dst: c.dst,
-            })
-            .collect();
         out.extend(
-            windows(&extents, piece, page)
+            windows(&item.window.extents(), piece, page)
                 .into_iter()
                 .rev()
                 .map(|window| WorkItem {

@@ -12,7 +12,7 @@ use super::page_cache_dma::populate;
 use super::workers::{assert_fits, run_workers, Progress, QueuePool};
 use crate::crew::Crew;
 use crate::device::{CopyQueue, Device, DeviceAddr, Fence, HostPin};
-use crate::plan::{Extent, Route, Window, WindowCopy, WorkItem};
+use crate::plan::{Route, Window, WindowCopy, WorkItem};
 use crate::staging::StagingShare;
 use crate::stats::WorkerProfile;
 use crate::storage::{BlockReader, GuardedMapping, IoMode, ReadBackend, RemoteStream, SourceFile};
@@ -291,16 +291,7 @@ fn run_item(
                     };
                     shared.pin_refusal.lock().unwrap().get_or_insert(why);
                     // The same bytes through staging slots instead.
-                    let extents: Vec<Extent> = win
-                        .copies
-                        .iter()
-                        .map(|c| Extent {
-                            file: win.file,
-                            file_offset: win.start + c.window_offset,
-                            len: c.len,
-                            dst: c.dst,
-                        })
-                        .collect();
+                    let extents = win.extents();
                     let slot_len = w.slots.slot_bytes() as u64;
                     for sub in
                         crate::plan::windows(&extents, slot_len, crate::storage::DIRECT_ALIGN)
