@@ -29,6 +29,7 @@ def read(
     stream: Optional[int] = None,
     progress: Any = None,
     stats: bool = True,
+    regions: Optional[Sequence[Tuple[int, int]]] = None,
 ) -> Optional[str]: ...
 def write(
     device: str,
