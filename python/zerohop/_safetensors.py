@@ -64,7 +64,7 @@ class safe_open:
     name without the numbers). While the reads take every tensor of each
     window in turn, each one is its part of the window's memory, freed
     when all of them are (as `load_file`'s tensors share blocks), and
-    windows grow to 512 MiB; else reads out of a window are copies, and
+    windows grow to 1 GiB; else reads out of a window are copies, and
     windows hold at most 128 MiB.
     `filename` may be an object, `s3://bucket/key`: then each read fetches
     only the bytes asked (ranged requests)."""

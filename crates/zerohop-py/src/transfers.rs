@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use zerohop::machine::MachineInfo;
-use zerohop::plan::TransferPlan;
+use zerohop::plan::{region_holding, TransferPlan};
 use zerohop::safetensors::{read_header, save_safetensors as save_file, Dtype, TensorToSave};
 use zerohop::storage::{SinkFile, SourceFile};
 use zerohop::{Engine, Error, Progress, Result, TransferStats};
@@ -151,13 +151,7 @@ pub fn read(
         let mut region_buffers = vec![None; regions.len()];
         let mut targets = Vec::with_capacity(pieces.len());
         for &(file, offset, len, addr) in pieces.iter().filter(|p| p.2 > 0) {
-            let k = regions.partition_point(|r| r.0 <= addr);
-            let inside = k.checked_sub(1).filter(|&k| {
-                let (base, n) = regions[k];
-                addr.checked_add(len)
-                    .is_some_and(|end| end <= base.saturating_add(n))
-            });
-            match inside {
+            match region_holding(&regions, addr, len) {
                 Some(k) => {
                     let (base, n) = regions[k];
                     if region_buffers[k].is_none() {

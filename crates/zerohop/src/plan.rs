@@ -185,6 +185,26 @@ impl TransferPlan {
     }
 }
 
+/// Which of `regions` ((address, length), sorted by address, as
+/// [`TransferPlan::buffer_ranges`] gives them) holds all of the `len`
+/// bytes at `start`, if one does (of regions that overlap, only the last
+/// to begin at or before `start` is asked).
+pub fn region_holding(regions: &[(DeviceAddr, u64)], start: DeviceAddr, len: u64) -> Option<usize> {
+    let k = regions.partition_point(|r| r.0 <= start).checked_sub(1)?;
+    let (base, n) = regions[k];
+    let end = start.checked_add(len)?;
+    (end <= base.saturating_add(n)).then_some(k)
+}
+
+/// The bytes that the mapped-copy windows of `items` deliver.
+pub(crate) fn mapped_payload(items: &[WorkItem]) -> u64 {
+    items
+        .iter()
+        .filter(|i| i.route == Route::MappedCopy)
+        .map(|i| i.window.payload())
+        .sum()
+}
+
 /// Splits `extents` (in order) after the first `bytes` bytes, cutting one
 /// extent in two where the boundary falls inside it.
 pub fn split_extents(extents: &[Extent], bytes: u64) -> (Vec<Extent>, Vec<Extent>) {

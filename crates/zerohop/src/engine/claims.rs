@@ -1,7 +1,7 @@
 //! How the read pipeline's windows are handed to workers: a claim is a
 //! range of work items that one worker takes at once.
 
-use crate::plan::{Route, Window, WorkItem, MAX_GAP};
+use crate::plan::{mapped_payload, Route, Window, WorkItem, MAX_GAP};
 use crate::storage::SourceFile;
 use std::ops::Range;
 
@@ -36,11 +36,7 @@ pub(super) fn claims(
     // Bytes the copies of the last claim take, where it gathers, and those
     // of the mapped-copy windows from this one on.
     let mut gathered = 0;
-    let mut mapped_left: u64 = items
-        .iter()
-        .filter(|i| i.route == Route::MappedCopy)
-        .map(|i| i.window.payload())
-        .sum();
+    let mut mapped_left = mapped_payload(items);
     for (i, item) in items.iter().enumerate() {
         let w = &item.window;
         let joins_remote = remote(w)

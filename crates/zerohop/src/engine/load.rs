@@ -11,7 +11,9 @@ use super::route::{FileRoute, NO_DMA_NOTE};
 use super::workers::Progress;
 use super::Engine;
 use crate::device::{wait_for_buffer_streams, DeviceAddr};
-use crate::plan::{split_extents, taper, work_items, Extent, Route, TransferPlan, WindowCaps};
+use crate::plan::{
+    mapped_payload, split_extents, taper, work_items, Extent, Route, TransferPlan, WindowCaps,
+};
 use crate::staging::StagingPool;
 use crate::stats::TransferStats;
 use crate::storage::SourceFile;
@@ -245,18 +247,17 @@ impl Engine {
         // windows go one to a worker already, and more of them would start
         // more workers, which costs a small read more than it gains.
         let most = caps.mapped.min(slot);
-        let mapped: u64 = items
-            .iter()
-            .filter(|i| i.route == Route::MappedCopy)
-            .map(|i| i.window.payload())
-            .sum();
         let tail = workers as u64 * most;
         let (items, gather) = match check {
             Some(_) => (items, None),
             None => {
                 let gather = Gather {
                     most,
-                    tail: if mapped > tail { tail } else { 0 },
+                    tail: if mapped_payload(&items) > tail {
+                        tail
+                    } else {
+                        0
+                    },
                     tail_most: most / 4,
                 };
                 (taper(items, gather.tail, gather.tail_most), Some(gather))

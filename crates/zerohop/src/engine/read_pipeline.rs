@@ -12,7 +12,7 @@ use super::page_cache_dma::populate;
 use super::workers::{assert_fits, run_workers, Progress, QueuePool};
 use crate::crew::Crew;
 use crate::device::{CopyQueue, Device, DeviceAddr, Fence, HostPin};
-use crate::plan::{Route, Window, WindowCopy, WorkItem};
+use crate::plan::{region_holding, Route, Window, WindowCopy, WorkItem};
 use crate::staging::StagingShare;
 use crate::stats::WorkerProfile;
 use crate::storage::{BlockReader, GuardedMapping, IoMode, ReadBackend, RemoteStream, SourceFile};
@@ -178,10 +178,9 @@ fn run_items(
         // Without a check, which must see each window's file range in its
         // slot, mapped copies move only the bytes their copies take (where
         // those fit a slot: copies of one window may overlap in the file).
-        let payload: u64 = items.iter().map(|i| i.window.payload()).sum();
         if items[0].route == Route::MappedCopy
             && job.check.is_none()
-            && payload <= w.slots.slot_bytes() as u64
+            && items.iter().map(|i| i.window.payload()).sum::<u64>() <= w.slots.slot_bytes() as u64
         {
             stage_gathered(w, free, pending, moved, job, items)?;
             continue;
@@ -488,7 +487,7 @@ fn gather_copies(
                 Some(p)
                     if p.window_offset + p.len == at
                         && p.dst + p.len == c.dst
-                        && within_one(job.regions, p.dst, c.dst + c.len) =>
+                        && region_holding(job.regions, p.dst, p.len + c.len).is_some() =>
                 {
                     p.len += c.len
                 }
@@ -502,13 +501,6 @@ fn gather_copies(
         }
     }
     Ok(out)
-}
-
-/// Whether `start .. end` lies inside one of `regions` (sorted by address):
-/// then one device copy may cover it.
-fn within_one(regions: &[(DeviceAddr, u64)], start: DeviceAddr, end: DeviceAddr) -> bool {
-    let k = regions.partition_point(|r| r.0 <= start);
-    k > 0 && end <= regions[k - 1].0 + regions[k - 1].1
 }
 
 /// Copies the bytes `win` needs out of its file's mapping into `slot`.
