@@ -8,14 +8,18 @@
 //   raw     pwrite from an 8 GiB host buffer (touched first), 4 MiB at a time
 //   pipe    copy + pwrite, per SLOT and DEPTH
 //   copy    the copies alone (no pwrite): the device-to-host ceiling
-// and, at the engine's geometry (2 slots of 4 MiB), two of the ways the
-// engine's save differs from this pipeline:
-//   pipe, huge-page block   slots in one anonymous mapping on huge pages,
-//                           registered with the driver (as the engine's
-//                           staging pool), not from cuMemHostAlloc
-//   pipe, shared cursor     every thread takes the next window of any
-//                           file (interleaved across files), as the
-//                           engine's workers do, not windows of its own file
+// and, at the engine's geometry (2 MiB windows, 2 slots each), the ways
+// the engine's save differs from this pipeline, one at a time and then
+// together:
+//   huge-page slots   slots 4 MiB apart in one anonymous mapping on huge
+//                     pages, registered with the driver (as the engine's
+//                     staging pool), not from cuMemHostAlloc
+//   shared cursor     every thread takes the next window of any file
+//                     (interleaved across files), as the engine's workers
+//                     do, not windows of its own file
+//   O_DIRECT          writes through an O_DIRECT twin of each file, as the
+//                     engine's aligned writes go where a file system
+//                     takes O_DIRECT (tmpfs does since Linux 6.6)
 // Smaller slots keep less copied-but-unwritten data in flight (16 x DEPTH x
 // SLOT), which may stay in the CPU's last-level cache until written.
 //
@@ -115,12 +119,15 @@ static void load_cuda(void) {
 struct job {
     int id;
     int fd;
+    int dfd;                  // the O_DIRECT twin of fd
+    int direct;               // write through dfd
     int write;                // pwrite each slot (else the copies alone)
     int shared;               // take windows of any file from the shared cursor
     unsigned long long dev;   // the device memory, all threads' ranges
     const uint8_t *host;      // raw rows: this thread's host range
     uint64_t bytes;           // per thread (and per file)
-    size_t slot;
+    size_t slot;              // bytes per window
+    size_t stride;            // bytes from one slot to the next
     int depth;
     uint8_t *slots;
     void *stream;
@@ -133,7 +140,7 @@ static uint64_t cursor;  // the shared cursor: windows handed out
 static void *raw_writer(void *arg) {
     struct job *j = arg;
     for (uint64_t at = 0; at < j->bytes; at += 4UL << 20)
-        if (pwrite(j->fd, j->host + at, 4UL << 20, at) != (ssize_t)(4UL << 20)) die("pwrite");
+        if (pwrite(j->direct ? j->dfd : j->fd, j->host + at, 4UL << 20, at) != (ssize_t)(4UL << 20)) die("pwrite");
     return NULL;
 }
 
@@ -164,14 +171,15 @@ static void *pipe_writer(void *arg) {
             int s = issued % j->depth;
             if (!(more = next_window(j, &mine, &file[s], &at[s]))) break;
             unsigned long long src = j->dev + file[s] * j->bytes + at[s];
-            check(cu.d2h_async(j->slots + s * j->slot, src, j->slot, j->stream), "copy");
+            check(cu.d2h_async(j->slots + s * j->stride, src, j->slot, j->stream), "copy");
             check(cu.event_record(j->events[s], j->stream), "record");
             issued++;
         }
         if (done == issued) break;
         int s = done % j->depth;
         check(cu.event_sync(j->events[s]), "wait");
-        if (j->write && pwrite(jobs[file[s]].fd, j->slots + s * j->slot, j->slot, at[s]) != (ssize_t)j->slot)
+        int fd = j->direct ? jobs[file[s]].dfd : jobs[file[s]].fd;
+        if (j->write && pwrite(fd, j->slots + s * j->stride, j->slot, at[s]) != (ssize_t)j->slot)
             die("pwrite");
         done++;
     }
@@ -185,6 +193,8 @@ static void row(const char *dir, const char *label, uint64_t per_thread, void *(
         snprintf(path, sizeof path, "%s/zerohop-save-pipe-%d-%d", dir, getpid(), i);
         jobs[i].fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
         if (jobs[i].fd < 0) die(path);
+        jobs[i].dfd = open(path, O_WRONLY | O_DIRECT);
+        if (jobs[i].dfd < 0) die("O_DIRECT open");
         unlink(path);
         if (ftruncate(jobs[i].fd, per_thread)) die("ftruncate");
     }
@@ -198,7 +208,10 @@ static void row(const char *dir, const char *label, uint64_t per_thread, void *(
     double t = now() - t0;
     printf("%-38s %6.2f GB/s  (%.3f s)\n", label, per_thread * THREADS / t / 1e9, t);
     fflush(stdout);
-    for (int i = 0; i < THREADS; i++) close(jobs[i].fd);
+    for (int i = 0; i < THREADS; i++) {
+        close(jobs[i].fd);
+        close(jobs[i].dfd);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -240,34 +253,53 @@ int main(int argc, char **argv) {
     }
     check(cu.ctx_sync(), "cuCtxSynchronize");
     static const struct { size_t slot_kib; int depth; int write; } pipes[] = {
-        {4096, 2, 1}, {2048, 2, 1}, {1024, 2, 1}, {1024, 4, 1}, {512, 4, 1},
-        {8192, 2, 1}, {4096, 3, 1}, {4096, 2, 0}, {1024, 4, 0},
+        {4096, 2, 1}, {2048, 2, 1}, {1024, 4, 1}, {4096, 2, 0},
+    };
+    // At the engine's geometry: window KiB, slot stride KiB, shared cursor,
+    // O_DIRECT, huge-page slots.
+    static const struct { const char *label; size_t kib, stride_kib; int shared, direct, block; } engine_like[] = {
+        {"own files, 2048 KiB x 2", 2048, 2048, 0, 0, 0},
+        {"+ huge-page slots 4 MiB apart", 2048, 4096, 0, 0, 1},
+        {"+ shared cursor", 2048, 2048, 1, 0, 0},
+        {"+ O_DIRECT", 2048, 2048, 0, 1, 0},
+        {"all three (the engine's save)", 2048, 4096, 1, 1, 1},
+        {"all three, 4096 KiB windows", 4096, 4096, 1, 1, 1},
     };
     printf("%d threads, %.1f GiB, each into a file of its own under %s\n", THREADS, total / 1073741824.0, dir);
     for (int r = 0; r < rounds; r++) {
-        for (int i = 0; i < THREADS; i++) jobs[i].write = 1;
-        row(dir, "raw: pwrite from host memory", per_thread, raw_writer);
+        for (int direct = 0; direct < 2; direct++) {
+            for (int i = 0; i < THREADS; i++) {
+                jobs[i].write = 1;
+                jobs[i].direct = direct;
+            }
+            row(dir, direct ? "raw: pwrite from host memory, O_DIRECT" : "raw: pwrite from host memory", per_thread,
+                raw_writer);
+        }
         for (size_t p = 0; p < sizeof pipes / sizeof pipes[0]; p++) {
             char label[64];
             snprintf(label, sizeof label, "%s: %zu KiB slots x %d", pipes[p].write ? "pipe" : "copy",
                      pipes[p].slot_kib, pipes[p].depth);
             for (int i = 0; i < THREADS; i++) {
-                jobs[i].slot = pipes[p].slot_kib << 10;
+                jobs[i].slot = jobs[i].stride = pipes[p].slot_kib << 10;
                 jobs[i].depth = pipes[p].depth;
                 jobs[i].write = pipes[p].write;
+                jobs[i].direct = 0;
             }
             row(dir, label, per_thread, pipe_writer);
         }
-        for (int variant = 0; variant < 2; variant++) {
+        for (size_t v = 0; v < sizeof engine_like / sizeof engine_like[0]; v++) {
             for (int i = 0; i < THREADS; i++) {
-                jobs[i].slot = 4UL << 20;
+                jobs[i].slot = engine_like[v].kib << 10;
+                jobs[i].stride = engine_like[v].stride_kib << 10;
                 jobs[i].depth = 2;
                 jobs[i].write = 1;
-                jobs[i].shared = variant == 1;
-                jobs[i].slots = variant == 0 ? block + i * (8UL << 20) : slots + i * max_slots;
+                jobs[i].shared = engine_like[v].shared;
+                jobs[i].direct = engine_like[v].direct;
+                jobs[i].slots = engine_like[v].block ? block + i * (8UL << 20) : slots + i * max_slots;
             }
-            row(dir, variant == 0 ? "pipe, huge-page block: 4096 KiB x 2" : "pipe, shared cursor: 4096 KiB x 2",
-                per_thread, pipe_writer);
+            char label[80];
+            snprintf(label, sizeof label, "engine-like: %s", engine_like[v].label);
+            row(dir, label, per_thread, pipe_writer);
         }
         for (int i = 0; i < THREADS; i++) {
             jobs[i].shared = 0;

@@ -47,8 +47,7 @@ impl SaveLayout {
             .shards
             .unwrap_or_else(|| {
                 engine
-                    .config()
-                    .io_threads
+                    .write_spread()
                     .min(total.div_ceil(MIN_SHARE) as usize)
             })
             .max(1);

@@ -61,7 +61,8 @@ pub struct SaveOptions {
     /// chunks whose checksum is unchanged are referenced, not rewritten.
     pub parent: Option<Location>,
     /// Data files to spread the regions over (several writers at once);
-    /// default: the engine's I/O thread count, at most one per region.
+    /// default: [`Engine::write_spread`](zerohop::Engine::write_spread),
+    /// fewer where each would hold under 16 MiB.
     pub shards: Option<usize>,
     /// Checksum granularity; must divide the engine's staging slot size.
     pub chunk_bytes: u64,

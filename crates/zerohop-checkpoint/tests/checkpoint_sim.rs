@@ -202,6 +202,36 @@ fn one_large_region_is_split_over_the_data_files() {
     assert!(contents(&e, &r.buffers[0]) == changed);
 }
 
+/// Unless told, a save spreads over as many data files as the engine keeps
+/// windows in flight (`Engine::write_spread`), fewer where each would hold
+/// under 16 MiB.
+#[test]
+fn by_default_a_save_spreads_over_the_engines_write_spread() {
+    let dir = TestDir::new("spread");
+    let dev: Arc<dyn Device> = Arc::new(SimDevice::new(SimConfig::default()));
+    let slot = 1 << 20;
+    let config = EngineConfig {
+        staging: StagingConfig {
+            total_bytes: 4 * slot,
+            slot_bytes: slot,
+        },
+        io_threads: 2,
+        ..EngineConfig::default()
+    };
+    let e = Engine::new(dev, config).unwrap();
+    assert_eq!(e.write_spread(), 4);
+    let o = SaveOptions {
+        chunk_bytes: CHUNK,
+        ..SaveOptions::default()
+    };
+    for (mib, files) in [(20, 2), (80, 4)] {
+        let b = e.device().alloc(mib << 20).unwrap();
+        let regions = vec![Region::raw("slab", b)];
+        let saved = save(&e, &regions, &dir.path(&format!("{mib}")), &o, None).unwrap();
+        assert_eq!(saved.manifest.files.len(), files, "{mib} MiB");
+    }
+}
+
 #[test]
 fn restore_refuses_mismatched_targets() {
     let dir = TestDir::new("mismatch");

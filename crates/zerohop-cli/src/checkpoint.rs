@@ -29,7 +29,8 @@ pub enum CheckpointCommand {
         /// copied by the server) (default: none, a full save).
         #[arg(long)]
         parent: Option<String>,
-        /// Data files to spread the tensors over (default: one per I/O thread).
+        /// Data files to spread the tensors over (default: one per staging
+        /// slot, at least 16 MiB each).
         #[arg(long)]
         shards: Option<usize>,
         #[command(flatten)]
