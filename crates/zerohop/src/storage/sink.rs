@@ -203,9 +203,10 @@ impl SinkFile {
         // the path again (which may name another file, or a FIFO, by now).
         // Some file systems (older tmpfs, FUSE) refuse O_DIRECT: buffered
         // only. A memory file system gets none: tmpfs takes O_DIRECT (Linux
-        // 6.6 on) but copies through its pages all the same, and its
-        // O_DIRECT writes ran slower than plain ones in
-        // `bench/probe/save_pipe.c`.
+        // 6.6 on) but copies through its pages all the same, and checkpoint
+        // saves into it took 4 - 8 % longer until durable with O_DIRECT
+        // writes than without (an H100 machine, two machine starts,
+        // `bench/probe/save_configs.py`).
         let direct = match in_memory(&buffered) {
             true => None,
             false => reopen_direct(&buffered),
