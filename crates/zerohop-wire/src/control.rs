@@ -309,8 +309,12 @@ mod tests {
         assert_eq!(recv(&b).unwrap().unwrap().0, b"next");
     }
 
+    /// A fresh unlinked file; tests run on threads at once, so each call
+    /// makes a name of its own.
     fn tempfile() -> File {
-        let path = std::env::temp_dir().join(format!("zerohop-wire-{}", std::process::id()));
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("zerohop-wire-{}-{n}", std::process::id()));
         let f = File::options()
             .read(true)
             .write(true)
