@@ -237,6 +237,20 @@ def test_matrix_every_operation_and_shape_gives_back_the_right_bytes(tmp_path, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["matrix.json"]
 
 
+def test_a_matrix_of_saves_makes_no_files_to_read(tmp_path, matrix_needs):
+    """Saves make their tensors from the seed: a run of saves alone writes
+    no shape files for loads, and still checks every byte."""
+    out = subprocess.run(
+        [sys.executable, str(MATRIX), "--device", "cpu", "--size", "1MiB", "--rounds", "1",
+         "--dir", str(tmp_path), "--ops", "save_file,checkpoint-save", "--shapes", "four", "--tools", "zerohop"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "four: 4 tensors in 1 file(s)\n" in out.stdout, out.stdout
+    assert "every byte checked" in out.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_wrong_byte_fails_the_matrix(tmp_path, matrix_needs):
     """The check is real: a child that hands back other bytes is reported
     and fails the run (ZEROHOP_MATRIX_CORRUPT flips a loaded byte)."""
