@@ -483,10 +483,11 @@ fn gather_copies(
             let offset = win.start + c.window_offset;
             map.copy_to(offset, buf, job.crew)
                 .map_err(|e| mapped_copy_failed(&job.files[win.file], offset, c.len, e))?;
+            // The last device copy ends at `at` in the slot: it takes this
+            // one on where the two meet on the device too, in one buffer.
             match out.last_mut() {
                 Some(p)
-                    if p.window_offset + p.len == at
-                        && p.dst + p.len == c.dst
+                    if p.dst + p.len == c.dst
                         && region_holding(job.regions, p.dst, p.len + c.len).is_some() =>
                 {
                     p.len += c.len
