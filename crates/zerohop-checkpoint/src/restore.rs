@@ -5,7 +5,7 @@
 use crate::location::Location;
 use crate::manifest::{chunk_checksum, Manifest, Piece};
 use crate::save::check_geometry;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use zerohop::plan::TransferPlan;
 use zerohop::storage::SourceFile;
@@ -67,13 +67,15 @@ pub fn restore_into(
         }
         ordered.push((*b).clone());
     }
-    if let Some((extra, _)) = targets
-        .iter()
-        .find(|(n, _)| !manifest.entries.iter().any(|e| e.name == *n))
-    {
-        return Err(Error::invalid(format!(
-            "{at}: target {extra:?} is not in the checkpoint"
-        )));
+    // Every entry found a target of its own (names are unique), so a
+    // target is left over only when there are more targets than entries.
+    if targets.len() > manifest.entries.len() {
+        let names: HashSet<&str> = manifest.entries.iter().map(|e| e.name.as_str()).collect();
+        if let Some((extra, _)) = targets.iter().find(|(n, _)| !names.contains(n)) {
+            return Err(Error::invalid(format!(
+                "{at}: target {extra:?} is not in the checkpoint"
+            )));
+        }
     }
     let sources = Sources::open(at, &manifest)?;
     restore_entries(engine, at, &manifest, sources, &ordered, progress)

@@ -248,9 +248,18 @@ fn restore_refuses_mismatched_targets() {
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(err.to_string().contains(&regions[5].name), "{err}");
     targets[5].1 = e.device().alloc(regions[5].data.len()).unwrap();
-    targets.pop();
+    let last = targets.pop().unwrap();
     let err = restore_into(&e, &ck, &targets, None).unwrap_err();
     assert!(err.to_string().contains("no target"), "{err}");
+    targets.push(last);
+    targets.push(("stray", e.device().alloc(4096).unwrap()));
+    let err = restore_into(&e, &ck, &targets, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(
+        err.to_string()
+            .contains("\"stray\" is not in the checkpoint"),
+        "{err}"
+    );
 }
 
 fn flip(path: &Path, at: u64) {
