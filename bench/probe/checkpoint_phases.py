@@ -13,7 +13,7 @@ those calls.
 SHAPE is `one` (one tensor), `four`, `sixty-four` or `small` (3,280
 tensors of 1 - 4 MiB, as the matrix's small-fp8). `--settle S` sleeps S
 seconds between the import and the save (the import's background
-`prepare` done by then); `--calls N` saves N times in the process, the
+`prepare` done by then), and likewise before the load; `--calls N` saves N times in the process, the
 later calls labelled warm; `--rounds R` repeats the save and the load in
 new processes.
 
@@ -72,7 +72,7 @@ def save_child(args, target: str) -> None:
         print(f"{args.shape} save, {label}: {nbytes / wall / 1e9:.2f} GB/s as waited ({wall * 1e3:.0f} ms); the call's own"
               f" {out['seconds'] * 1e3:.0f} ms: transfer {st['seconds'] * 1e3:.0f} ms,"
               f" layout {p['layout_seconds'] * 1e3:.1f} ms, checksums waited for {p['checksum_wait_seconds'] * 1e3:.1f} ms,"
-              f" manifest {p['commit_seconds'] * 1e3:.1f} ms; per worker: writes {w['io_seconds'] * per:.0f} ms,"
+              f" manifest {p['commit_seconds'] * 1e3:.1f} ms; {setup(st)}; per worker: writes {w['io_seconds'] * per:.0f} ms,"
               f" copy wait {w['copy_wait_seconds'] * per:.0f}, staging wait {w['staging_wait_seconds'] * per:.1f},"
               f" queueing {w['queue_seconds'] * per:.1f}; sync {st['sync_seconds'] * 1e3:.1f} ms", flush=True)
 
@@ -84,6 +84,8 @@ def load_child(args, target: str) -> None:
     sync(torch, args.device)
     import zerohop.checkpoint
     from zerohop import _buffers, _flat, _native
+
+    time.sleep(args.settle)
 
     spent: dict = {}
     restored: list = []
@@ -122,9 +124,15 @@ def load_child(args, target: str) -> None:
     parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in spent.items())
     print(f"{args.shape} load, first: {nbytes / wall / 1e9:.2f} GB/s as waited ({wall * 1e3:.0f} ms); ms: {parts};"
           f" the engine's transfer {st.get('seconds', 0) * 1e3:.0f} ms ({st.get('gbps', 0):.2f} GB/s),"
-          f" {st.get('windows', 0)} windows; per worker: reads {w.get('io_seconds', 0) * per:.0f} ms,"
+          f" {st.get('windows', 0)} windows; {setup(st)}; per worker: reads {w.get('io_seconds', 0) * per:.0f} ms,"
           f" copy wait {w.get('copy_wait_seconds', 0) * per:.0f}, staging wait {w.get('staging_wait_seconds', 0) * per:.1f}",
           flush=True)
+
+
+def setup(stats: dict) -> str:
+    """The engine's setup as a transfer's stats report it, in ms."""
+    return (f"setup {stats.get('setup_seconds', 0) * 1e3:.1f} ms (staging {stats.get('staging_seconds', 0) * 1e3:.1f},"
+            f" the engine's own {stats.get('engine_setup_seconds', 0) * 1e3:.1f})")
 
 
 def main() -> None:

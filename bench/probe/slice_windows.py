@@ -11,7 +11,7 @@ FILE is made if missing, as bench/matrix.py's small-fp8 shape (3,280 FP8
 tensors of 1 - 4 MiB, 8 GiB; needs torch and safetensors).
 
     python3 bench/probe/slice_windows.py FILE [--rounds 3] [--device cuda:0]
-        [--settings "default;READ_AHEAD_LEFT_SHARE=0;READ_AHEAD_WINDOWS=3"]
+        [--settings "default;READ_AHEAD_WINDOWS=3;READ_AHEAD_DENSE_MOST=2147483648"]
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def main() -> None:
     ap.add_argument("file")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--settings", default="default;READ_AHEAD_LEFT_SHARE=0")
+    ap.add_argument("--settings", default="default;READ_AHEAD_WINDOWS=3;READ_AHEAD_DENSE_MOST=2147483648",
+                    help="';'-separated; each 'default' or NAME=INT,...")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

@@ -39,12 +39,6 @@ READ_AHEAD_MOST = 128 << 20
 # device left when the last copy out of the file ends): they grow faster,
 # and larger.
 READ_AHEAD_DENSE_MOST = 1 << 30
-# A window takes at most this share of the small tensors' bytes left in its
-# order (counted whole; 0: no such bound). A program spends microseconds
-# on each tensor it takes, and those of the last window come after every
-# read is over: 1,600 tensors of a last 1 GiB window took ~25 ms after the
-# engine's last read. Windows halving toward the end leave few for then.
-READ_AHEAD_LEFT_SHARE = 2
 # Windows read ahead of the one in use: the next is planned while the one
 # before it is read, so the engine goes from one to the next at once.
 READ_AHEAD_WINDOWS = 2
@@ -150,16 +144,6 @@ class _WindowRead:
         return self.window
 
 
-def _small_bytes_from(order: List[_Tensor]) -> List[int]:
-    """For each place in `order` (and its end), the bytes of the tensors
-    read ahead (READ_AHEAD_TENSOR_BYTES or less) from there on."""
-    left = [0] * (len(order) + 1)
-    for i in range(len(order) - 1, -1, -1):
-        n = order[i].end - order[i].begin
-        left[i] = left[i + 1] + (n if n <= READ_AHEAD_TENSOR_BYTES else 0)
-    return left
-
-
 class _ReadAhead:
     """One file's read-ahead: the window in use, the ones read after it,
     the reads that decide the next, and the rows asked of each kind."""
@@ -168,8 +152,6 @@ class _ReadAhead:
         tensors = list(tensors)
         self.orders = (sorted(tensors, key=lambda t: t.begin), sorted(tensors, key=lambda t: t.name))
         self.places = [{t.name: i for i, t in enumerate(order)} for order in self.orders]
-        # Per order, the small tensors' bytes from each place on.
-        self.left = [_small_bytes_from(order) for order in self.orders]
         self.window: Optional[_Window] = None
         # The windows after the one in use, in order, being read.
         self.ahead: List[_WindowRead] = []
@@ -245,18 +227,15 @@ class _ReadAhead:
         picked: List[_Tensor] = []
         most, growth = (READ_AHEAD_DENSE_MOST, 2) if self.dense else (READ_AHEAD_MOST, 1)
         budget = min(most, READ_AHEAD_FIRST << min(growth * self.windows, 20))
-        whole_budget = max(READ_AHEAD_FIRST, self.left[k][i] // READ_AHEAD_LEFT_SHARE) if READ_AHEAD_LEFT_SHARE else None
-        total = whole = 0
+        total = 0
         while i < len(order):
-            size = order[i].end - order[i].begin
-            if size <= READ_AHEAD_TENSOR_BYTES:
+            if order[i].end - order[i].begin <= READ_AHEAD_TENSOR_BYTES:
                 part = self._predicted(order[i])
                 n = part.end - part.begin
-                if picked and (total + n > budget or (whole_budget is not None and whole + size > whole_budget)):
+                if picked and total + n > budget:
                     break
                 picked.append(part)
                 total += n
-                whole += size
             i += 1
         if not picked:
             return None
