@@ -400,7 +400,24 @@ def test_fractions_of_rows_asked_carry_over_to_other_row_counts():
     assert 1000 * p // q == 1 and 2000 * p // q == 2
 
 
+def test_safe_open_reads_ahead_tensors_of_tens_of_mib(tmp_path, monkeypatch):
+    # A layer's weights of 24 MiB each, the first half of each asked: each
+    # read alone would cost an engine call of its own.
+    tensors = {f"layer.{i}": np.full((96, 1 << 16), i, np.float32) for i in range(8)}
+    path = tmp_path / "layers.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        for name in f.keys():
+            assert np.array_equal(f.get_slice(name)[:48], tensors[name][:48]), name
+    half = 12 << 20
+    assert sum(reads) == 8 * half and reads[0] == half, reads
+    assert len(reads) <= 4 and max(reads) >= 4 * half, reads
+
+
 def test_safe_open_reads_only_the_rows_of_a_large_tensor(tmp_path, rng, monkeypatch):
+    from zerohop import _read_ahead
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_TENSOR_BYTES", 16 << 20)
     big = rng.integers(0, 255, (17 << 10, 1024), dtype=np.uint8)  # 17 MiB
     small = {f"s{i}": np.full(1000, i, np.float32) for i in range(4)}
     path = tmp_path / "big.safetensors"

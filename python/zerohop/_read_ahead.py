@@ -1,11 +1,12 @@
 """`safe_open`'s read-ahead.
 
-A read of a small tensor through `safe_open` costs its call (about half a
-millisecond for 1 MiB into a GPU on the H200 machine) more than its bytes,
-and a program reading them in order reads the ones after too (a
-tensor-parallel rank takes its part of every tensor). So once two reads go
-forward in the file's order or the names' (keys()), the small tensors that
-come next in that order are read with the second, in one engine call: a
+A read of a tensor through `safe_open` costs its call (about half a
+millisecond for 1 MiB into a GPU on the H200 machine; an engine call's start
+and end cost a millisecond or more whatever its size) beside its bytes, and
+a program reading them in order reads the ones after too (a tensor-parallel
+rank takes its part of every tensor). So once two reads go forward in the
+file's order or the names' (keys()), the tensors that come next in that
+order are read with the second, in one engine call: a
 window of READ_AHEAD_FIRST bytes, twice as many each time up to
 READ_AHEAD_MOST, and the READ_AHEAD_WINDOWS windows after it are read on
 threads while this one is used. While reads take every tensor of each
@@ -30,7 +31,11 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from . import _buffers, _native
 from ._file_tensors import _placed, _Tensor
 
-READ_AHEAD_TENSOR_BYTES = 16 << 20
+# Larger tensors are read alone: their call's own cost is small beside
+# their bytes. Smaller ones read alone each paid it: 64 tensors of
+# 128 MiB, half of each asked, came at 18 - 20 GB/s against 44.5 for the
+# half of one tensor of 8 GiB (an H100 machine, bench/matrix.py).
+READ_AHEAD_TENSOR_BYTES = 512 << 20
 READ_AHEAD_FIRST = 16 << 20
 READ_AHEAD_MOST = 128 << 20
 # Windows taken densely cost no memory beyond the tensors given out but
