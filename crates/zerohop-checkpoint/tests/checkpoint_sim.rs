@@ -519,6 +519,26 @@ fn out_of_space_leaves_the_previous_checkpoint() {
     verify(&a, 2, None).unwrap();
 }
 
+/// Headers that cannot be written (the data files are made on several
+/// threads at once): the first file's error, and nothing left behind.
+#[test]
+fn a_header_that_cannot_be_written_fails_the_save_cleanly() {
+    let dir = TestDir::new("header-eio");
+    let broken = engine().with_write_backend(Arc::new(FaultyWriteBackend::new(
+        Arc::new(PwriteBackend),
+        vec![WriteFault::Eio { at: 0 }],
+    )));
+    let (regions, _) = regions(&broken, 40);
+    let o = SaveOptions {
+        shards: Some(8),
+        ..opts()
+    };
+    let err = save(&broken, &regions, &dir.path("c"), &o, None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert!(err.to_string().contains("data-00000"), "{err}");
+    assert!(names(&dir).is_empty(), "{:?}", names(&dir));
+}
+
 /// A crashed save's temporary directory is recognised (its writer on this
 /// host is gone) and removed by the next save in the same directory; those
 /// of a live writer, or of a writer on another host, are left alone.
