@@ -5,10 +5,9 @@ use crate::baseline::Baseline;
 use crate::manifest::{chunk_checksum, Chunk, DataFile, Entry, Piece};
 use crate::request::{Region, SaveOptions};
 use crate::store::NewCheckpoint;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use zerohop::plan::TransferPlan;
-use zerohop::safetensors::{layout, Dtype, FileLayout, TensorToSave};
+use zerohop::safetensors::{layout, Dtype, TensorToSave};
 use zerohop::storage::SinkFile;
 use zerohop::{DeviceBuffer, Engine, Result};
 
@@ -30,49 +29,6 @@ pub(crate) struct SaveLayout {
     pub placed: Vec<Vec<(u64, DeviceBuffer)>>,
     /// Every chunk of every data file, in file order.
     pub slots: Vec<ChunkSlot>,
-}
-
-fn data_file_name(shard: usize) -> String {
-    format!("data-{shard:05}.safetensors")
-}
-
-/// Creates and sizes the data files of `laid` (each shard's tensors and
-/// file layout) in `new` and writes their headers, on as many threads as
-/// the engine has I/O threads: a file system may take a while to hand out
-/// a new file's first pages, and a store to start a new object.
-fn create_files(
-    engine: &Engine,
-    new: &dyn NewCheckpoint,
-    base: &Baseline,
-    laid: &[(Vec<TensorToSave>, FileLayout)],
-) -> Result<Vec<SinkFile>> {
-    let next = AtomicUsize::new(0);
-    let made: Vec<Mutex<Option<Result<SinkFile>>>> =
-        laid.iter().map(|_| Mutex::new(None)).collect();
-    let create = || loop {
-        let s = next.fetch_add(1, Ordering::Relaxed);
-        let Some((_, layout)) = laid.get(s) else {
-            return;
-        };
-        let file = new
-            .create_data(&data_file_name(s), layout.file_len, base.name.as_deref())
-            .and_then(|file| layout.write_header(engine, &file).map(|()| file));
-        *made[s].lock().unwrap_or_else(|p| p.into_inner()) = Some(file);
-    };
-    let threads = engine.config().io_threads.clamp(1, laid.len().max(1));
-    std::thread::scope(|scope| {
-        for _ in 1..threads {
-            scope.spawn(create);
-        }
-        create();
-    });
-    made.into_iter()
-        .map(|m| {
-            m.into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .expect("every file is made or failed")
-        })
-        .collect()
 }
 
 impl SaveLayout {
@@ -107,23 +63,15 @@ impl SaveLayout {
         let mut placed = Vec::new();
         // Per region, its pieces' places, by where each starts in it.
         let mut places: Vec<Vec<(u64, Piece)>> = vec![Vec::new(); regions.len()];
-        let shards = shard(&pieces, n.min(pieces.len()));
-        let mut laid = Vec::with_capacity(shards.len());
-        for members in &shards {
+        for (s, members) in shard(&pieces, n.min(pieces.len())).into_iter().enumerate() {
             let tensors: Vec<TensorToSave> = members
                 .iter()
                 .map(|&i| pieces[i].to_save(regions))
                 .collect::<Result<_>>()?;
             let layout = layout(&tensors, &metadata)?;
-            laid.push((tensors, layout));
-        }
-        let made = create_files(engine, new, base, &laid)?;
-        for (s, ((members, (tensors, layout)), file)) in
-            shards.iter().zip(&laid).zip(made).enumerate()
-        {
-            let name = data_file_name(s);
-            files.push(file);
-            layout.plan_tensors(tensors, &files, &mut plan)?;
+            let name = format!("data-{s:05}.safetensors");
+            let file = new.create_data(&name, layout.file_len, base.name.as_deref())?;
+            layout.start_file(engine, file, &tensors, &mut files, &mut plan)?;
             placed.push(
                 tensors
                     .iter()

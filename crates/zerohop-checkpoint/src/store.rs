@@ -42,7 +42,7 @@ pub trait CheckpointStore: Send + Sync {
 }
 
 /// A checkpoint being written.
-pub trait NewCheckpoint: Sync {
+pub trait NewCheckpoint {
     /// Creates data file `file` of `len` bytes. `copy_from` names a
     /// checkpoint in the same store holding a file of that name whose
     /// unchanged ranges a store may copy instead of receiving them again

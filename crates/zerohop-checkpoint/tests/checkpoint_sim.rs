@@ -519,8 +519,8 @@ fn out_of_space_leaves_the_previous_checkpoint() {
     verify(&a, 2, None).unwrap();
 }
 
-/// Headers that cannot be written (the data files are made on several
-/// threads at once): the first file's error, and nothing left behind.
+/// Headers that cannot be written: the first file's error, and nothing
+/// left behind.
 #[test]
 fn a_header_that_cannot_be_written_fails_the_save_cleanly() {
     let dir = TestDir::new("header-eio");

@@ -92,25 +92,8 @@ impl FileLayout {
         files: &mut Vec<SinkFile>,
         plan: &mut TransferPlan,
     ) -> Result<()> {
-        self.write_header(engine, &file)?;
+        engine.write_host_bytes(&file, 0, &self.header)?;
         files.push(file);
-        self.plan_tensors(tensors, files, plan)
-    }
-
-    /// Writes the header into `file` (new, `file_len` bytes long) through
-    /// `engine`'s write backend.
-    pub fn write_header(&self, engine: &Engine, file: &SinkFile) -> Result<()> {
-        engine.write_host_bytes(file, 0, &self.header)
-    }
-
-    /// Adds the tensors' device ranges to `plan` for the last of `files`,
-    /// whose header is written.
-    pub fn plan_tensors(
-        &self,
-        tensors: &[TensorToSave],
-        files: &[SinkFile],
-        plan: &mut TransferPlan,
-    ) -> Result<()> {
         let index = files.len() - 1;
         for (t, info) in tensors.iter().zip(&self.tensors) {
             plan.add(
