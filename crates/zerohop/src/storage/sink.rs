@@ -207,9 +207,10 @@ impl SinkFile {
         // saves into it took 4 - 8 % longer until durable with O_DIRECT
         // writes than without (an H100 machine, two machine starts,
         // `bench/probe/save_configs.py`).
-        let direct = match in_memory(&buffered) {
-            true => None,
-            false => reopen_direct(&buffered),
+        let direct = if in_memory(&buffered) {
+            None
+        } else {
+            reopen_direct(&buffered)
         };
         Self::local(FilePair::new(path, buffered, direct, len), true)
     }
