@@ -46,11 +46,16 @@ class _Flattener:
         # DTensors, by entry name: saved by a sharded save (`group=`) only.
         self.dtensors: Dict[str, Any] = {}
         self._seen: Dict[Tuple[int, int, str, str, Tuple[int, ...]], str] = {}
+        # The types of the common case, asked first: `()` matches nothing.
+        # Neither module is imported by a walk, so neither changes during one.
+        torch = _buffers._torch_if_loaded()
+        self._tensor_type: Any = torch.Tensor if torch is not None else ()
+        module = sys.modules.get("torch.distributed.tensor")
+        self._dtensor_type: Any = getattr(module, "DTensor", ()) if torch is not None else ()
 
     def encode(self, value: Any, path: List[str]) -> Any:
-        torch = _buffers._torch_if_loaded()
-        if torch is not None and isinstance(value, torch.Tensor) and not is_dtensor(value):
-            return self._tensor(value, path)  # the common case, asked first
+        if isinstance(value, self._tensor_type) and not isinstance(value, self._dtensor_type):
+            return self._tensor(value, path)
         np = _buffers.np
         if np is not None and isinstance(value, np.generic) and not isinstance(value, np.ndarray):
             value = value.item()  # numpy scalars come back as Python ones
@@ -68,7 +73,7 @@ class _Flattener:
             return {"bytes": base64.b64encode(value).decode()}
         if isinstance(value, dict):
             kind = "ordered_dict" if isinstance(value, OrderedDict) else "dict"
-            return {kind: [[self.encode(k, path + ["key"]), self.encode(v, path + [str(k)])] for k, v in value.items()]}
+            return {kind: [[self._key(k, path), self.encode(v, path + [str(k)])] for k, v in value.items()]}
         if isinstance(value, (list, tuple)):
             items = [self.encode(v, path + [str(i)]) for i, v in enumerate(value)]
             return {"list" if isinstance(value, list) else "tuple": items}
@@ -79,6 +84,13 @@ class _Flattener:
         if _is_tensor(value):
             return self._tensor(value, path)
         raise TypeError(f"{'.'.join(path) or 'state'}: cannot checkpoint a {type(value).__name__}")
+
+    def _key(self, key: Any, path: List[str]) -> Any:
+        # Keys are strings but for rare states: answered before the walk
+        # through every kind (a state dict of thousands of tensors).
+        if type(key) is str:
+            return {"str": key}
+        return self.encode(key, path + ["key"])
 
     def _tensor(self, value: Any, path: List[str]) -> Dict[str, Any]:
         b = _buffers.describe(value, writable=self.writable)

@@ -244,7 +244,9 @@ impl Manifest {
         Ok(())
     }
 
-    fn validate(&self) -> Result<()> {
+    /// What `decode` checks once the manifest is parsed: a save checks the
+    /// manifest it is about to commit with it.
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::format(format!("manifest: {what}")));
         if self.format != FORMAT || !(1..=VERSION).contains(&self.version) {
             return bad(format!(
