@@ -15,10 +15,11 @@ tensors of 1 - 4 MiB, as the matrix's small-fp8). `--settle S` sleeps S
 seconds between the import and the save (the import's background
 `prepare` done by then), and likewise before the load; `--calls N` saves N times in the process, the
 later calls labelled warm; `--rounds R` repeats the save and the load in
-new processes.
+new processes; `--sample` prints the calling thread's timeline through
+each call (what it waits for in the kernel, bench/probe/thread_sampler.py).
 
     python3 bench/probe/checkpoint_phases.py one|four|sixty-four|small [--dir /dev/shm] [--gib 8] [--device cuda:0]
-        [--settle S] [--calls N] [--rounds R]
+        [--settle S] [--calls N] [--rounds R] [--sample]
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ import shutil
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from thread_sampler import Sampler  # noqa: E402
 
 SHAPES = ("one", "four", "sixty-four", "small")
 
@@ -60,9 +64,11 @@ def save_child(args, target: str) -> None:
     nbytes = sum(x.numel() for x in state.values())
     for call in range(args.calls):
         here = target if call == 0 else f"{target}-{call}"
+        sampler = Sampler().start() if args.sample else None
         t = time.perf_counter()
         out = zerohop.checkpoint.save(state, here)
         wall = time.perf_counter() - t
+        show(sampler, "save")
         if call:
             shutil.rmtree(here, ignore_errors=True)
         p, st = out["phases"], out["stats"]
@@ -113,10 +119,12 @@ def load_child(args, target: str) -> None:
     zerohop.checkpoint._decode_state = timed("state", zerohop.checkpoint._decode_state)
     _buffers.allocate = timed("allocate", _buffers.allocate)
     _buffers.tensors_while = timed("restore + views", _buffers.tensors_while)
+    sampler = Sampler().start() if args.sample else None
     t = time.perf_counter()
     got = zerohop.checkpoint.load(target, device=args.device)
     sync(torch, args.device)
     wall = time.perf_counter() - t
+    show(sampler, "load")
     nbytes = sum(x.numel() * x.element_size() for x in got.values())
     st = restored[0] if restored else {}
     w = st.get("profile", {})
@@ -127,6 +135,15 @@ def load_child(args, target: str) -> None:
           f" {st.get('windows', 0)} windows; {setup(st)}; per worker: reads {w.get('io_seconds', 0) * per:.0f} ms,"
           f" copy wait {w.get('copy_wait_seconds', 0) * per:.0f}, staging wait {w.get('staging_wait_seconds', 0) * per:.1f}",
           flush=True)
+
+
+def show(sampler, what: str) -> None:
+    """The calling thread's timeline through the call, from `--sample`."""
+    if sampler is None:
+        return
+    sampler.stop()
+    for begin, end, state in sampler.spans():
+        print(f"  {what} {begin:7.1f} - {end:7.1f} ms: {state}")
 
 
 def setup(stats: dict) -> str:
@@ -144,6 +161,8 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=0.0)
     ap.add_argument("--calls", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--sample", action="store_true", help="print the calling thread's timeline through each call "
+                    "(bench/probe/thread_sampler.py)")
     ap.add_argument("--child", choices=("save", "load"), help=argparse.SUPPRESS)
     ap.add_argument("--target", help=argparse.SUPPRESS)
     args = ap.parse_args()
