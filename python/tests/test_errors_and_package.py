@@ -203,6 +203,37 @@ def test_import_prepares_the_named_device_in_the_background(tmp_path):
     assert cold["engine_setup_seconds"] > 0, cold
 
 
+_DESCRIPTOR_TABLE_AFTER_IMPORT = """
+import threading, zerohop
+for t in threading.enumerate():
+    if t.name == "zerohop-prepare":
+        t.join()
+status = open("/proc/self/status").read()
+print(next(int(line.split()[1]) for line in status.splitlines() if line.startswith("FDSize:")))
+"""
+
+
+def test_import_grows_the_descriptor_table_in_the_background():
+    # Growing it inside a checkpoint's opens waits for an RCU grace period
+    # in a process with threads; at import it is done on the side, also
+    # where no device is known yet (no torch here).
+    import resource
+
+    def table_size(prepare):
+        env = {k: v for k, v in os.environ.items() if k != "ZEROHOP_PREPARE"}
+        if prepare is not None:
+            env["ZEROHOP_PREPARE"] = prepare
+        done = subprocess.run([sys.executable, "-c", _DESCRIPTOR_TABLE_AFTER_IMPORT], capture_output=True,
+                              text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.strip().splitlines()[-1])
+
+    want = min(1024, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    assert table_size(None) >= want
+    assert table_size("cpu") >= want
+    assert table_size("0") < want
+
+
 def test_a_debug_build_says_so_when_imported():
     code = "import warnings; warnings.simplefilter('always'); import zerohop"
     done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True)

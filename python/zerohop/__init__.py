@@ -112,7 +112,7 @@ def info(path: Optional[PathLike] = None) -> Dict[str, Any]:
 def prepare(device: Any = "cuda") -> str:
     """Sets zerohop up for `device` now ('cuda', 'cuda:N', an index, 'cpu',
     'auto'): its engine and all its pinned staging memory, made once per
-    process. Never needed: a first transfer makes the engine and pins its
+    process, and a descriptor table with room for a checkpoint's files. Never needed: a first transfer makes the engine and pins its
     staging itself, as its first copies start. Call this where time is free (at
     start-up, while the model is being built) to take even that off the
     first load; `import zerohop` does it in the
@@ -126,20 +126,21 @@ def _prepare_at_import() -> None:
     where a device is known: `ZEROHOP_PREPARE` names one ('cuda:N', 'cpu',
     ...), or, by default, torch's current CUDA device once torch has set up
     CUDA. A first load then finds its engine made and its staging pinned.
-    `ZEROHOP_PREPARE=0` turns this off. A failure here is left for the
-    first call to report, which makes the engine again."""
+    Where no device is known yet, the thread grows the descriptor table
+    only. `ZEROHOP_PREPARE=0` turns this off. A failure here is left for
+    the first call to report, which makes the engine again."""
     wanted = os.environ.get("ZEROHOP_PREPARE", "auto")
     if wanted == "0":
         return
     if wanted == "auto":
         torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_initialized():
-            return
-        wanted = f"cuda:{torch.cuda.current_device()}"
+        cuda = torch is not None and torch.cuda.is_initialized()
+        wanted = f"cuda:{torch.cuda.current_device()}" if cuda else ""
 
     def run() -> None:
         try:
-            prepare(wanted)
+            # Without a device, only the descriptor table (see `prepare`).
+            prepare(wanted) if wanted else _native.grow_descriptor_table()
         except Exception:
             pass
 

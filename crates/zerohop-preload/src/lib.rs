@@ -86,6 +86,12 @@ fn make(device: c_int) -> zerohop::Result<Preloaded> {
         }),
         unpause: Box::new(|| GATE.go()),
     };
+    // Off the allocating thread: in a process with threads, each growth of
+    // the descriptor table waits for an RCU grace period, which a
+    // suspend's opens of its data files would otherwise pay. Best effort.
+    let _ = std::thread::Builder::new()
+        .name("zerohop-fds".into())
+        .spawn(|| zerohop::storage::grow_descriptor_table(zerohop::storage::DESCRIPTORS_AHEAD));
     let path = zerohop_wire::suspend::socket_path(std::process::id());
     // SAFETY: `pause` returns once a program thread is parked at a quiet
     // point and the device is idle; the documented contract of this

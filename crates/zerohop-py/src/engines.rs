@@ -54,10 +54,24 @@ pub fn device_name(spec: &str) -> PyResult<String> {
 pub fn prepare(py: Python<'_>, device: &str) -> PyResult<String> {
     let place = Place::parse(device)?;
     py.detach(|| {
+        grow_descriptors();
         let e = engine(place)?;
         e.allocate_staging().map_err(to_py)?;
         Ok(e.device().describe())
     })
+}
+
+/// Grows the process's descriptor table ahead of the files a checkpoint
+/// opens (see `zerohop::storage::grow_descriptor_table`): called on a
+/// background thread at import. Best effort: where it fails, the first
+/// opens grow the table.
+#[pyfunction]
+pub fn grow_descriptor_table(py: Python<'_>) {
+    py.detach(grow_descriptors);
+}
+
+fn grow_descriptors() {
+    let _ = zerohop::storage::grow_descriptor_table(zerohop::storage::DESCRIPTORS_AHEAD);
 }
 
 /// What the process keeps one of per device, made on first use.

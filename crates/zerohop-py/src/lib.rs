@@ -28,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add_function(wrap_pyfunction!(engines::device_name, m)?)?;
     m.add_function(wrap_pyfunction!(engines::prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(engines::grow_descriptor_table, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::info, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::read, m)?)?;

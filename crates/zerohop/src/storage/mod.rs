@@ -5,6 +5,7 @@
 
 pub mod atomic;
 mod bus_guard;
+mod descriptors;
 mod file_pair;
 mod mapping;
 mod origin;
@@ -17,6 +18,7 @@ mod stamp;
 mod uring;
 mod write_mapping;
 
+pub use descriptors::{grow_descriptor_table, DESCRIPTORS_AHEAD};
 pub use file_pair::{
     blocking, regular_file_len, reopen_direct, BlockReader, FilePair, IoMode, ReadBackend,
     DIRECT_ALIGN,
