@@ -112,7 +112,8 @@ def info(path: Optional[PathLike] = None) -> Dict[str, Any]:
 def prepare(device: Any = "cuda") -> str:
     """Sets zerohop up for `device` now ('cuda', 'cuda:N', an index, 'cpu',
     'auto'): its engine and all its pinned staging memory, made once per
-    process, and a descriptor table with room for a checkpoint's files. Never needed: a first transfer makes the engine and pins its
+    process, and a descriptor table with room for a checkpoint's files.
+    Never needed: a first transfer makes the engine and pins its
     staging itself, as its first copies start. Call this where time is free (at
     start-up, while the model is being built) to take even that off the
     first load; `import zerohop` does it in the
@@ -139,8 +140,10 @@ def _prepare_at_import() -> None:
 
     def run() -> None:
         try:
-            # Without a device, only the descriptor table (see `prepare`).
-            prepare(wanted) if wanted else _native.grow_descriptor_table()
+            if wanted:
+                prepare(wanted)
+            else:  # only the descriptor table (see `prepare`)
+                _native.grow_descriptor_table()
         except Exception:
             pass
 

@@ -24,11 +24,13 @@ pub fn grow_descriptor_table(count: u64) -> io::Result<()> {
     let Some(highest) = count.min(limit).checked_sub(1) else {
         return Ok(());
     };
+    let highest =
+        i32::try_from(highest).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let null = rustix::fs::open("/dev/null", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
     // The lowest free descriptor at or above `highest`: the table grows to
     // hold it, and no descriptor of the program's is touched. Both close
     // when dropped.
-    let _high = rustix::io::fcntl_dupfd_cloexec(&null, highest as i32)?;
+    let _high = rustix::io::fcntl_dupfd_cloexec(&null, highest)?;
     Ok(())
 }
 
