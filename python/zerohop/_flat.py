@@ -50,8 +50,7 @@ class _Flattener:
         # Neither module is imported by a walk, so neither changes during one.
         torch = _buffers._torch_if_loaded()
         self._tensor_type: Any = torch.Tensor if torch is not None else ()
-        module = sys.modules.get("torch.distributed.tensor")
-        self._dtensor_type: Any = getattr(module, "DTensor", ()) if torch is not None else ()
+        self._dtensor_type: Any = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", ())
 
     def encode(self, value: Any, path: List[str]) -> Any:
         if isinstance(value, self._tensor_type) and not isinstance(value, self._dtensor_type):

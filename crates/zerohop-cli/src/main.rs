@@ -92,7 +92,7 @@ fn main() -> ExitCode {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     // With one thread, growing the table waits for nothing; with the
     // engine's threads, every growth inside an `open` would. Best effort.
-    let _ = zerohop::storage::grow_descriptor_table(zerohop::storage::DESCRIPTORS_AHEAD);
+    let _ = zerohop::storage::grow_descriptor_table();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { path, json } => info::run(path.as_deref(), json),

@@ -91,7 +91,7 @@ fn make(device: c_int) -> zerohop::Result<Preloaded> {
     // suspend's opens of its data files would otherwise pay. Best effort.
     let _ = std::thread::Builder::new()
         .name("zerohop-fds".into())
-        .spawn(|| zerohop::storage::grow_descriptor_table(zerohop::storage::DESCRIPTORS_AHEAD));
+        .spawn(zerohop::storage::grow_descriptor_table);
     let path = zerohop_wire::suspend::socket_path(std::process::id());
     // SAFETY: `pause` returns once a program thread is parked at a quiet
     // point and the device is idle; the documented contract of this

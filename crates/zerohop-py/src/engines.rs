@@ -54,7 +54,8 @@ pub fn device_name(spec: &str) -> PyResult<String> {
 pub fn prepare(py: Python<'_>, device: &str) -> PyResult<String> {
     let place = Place::parse(device)?;
     py.detach(|| {
-        grow_descriptors();
+        // Best effort: where it fails, the first opens grow the table.
+        let _ = zerohop::storage::grow_descriptor_table();
         let e = engine(place)?;
         e.allocate_staging().map_err(to_py)?;
         Ok(e.device().describe())
@@ -67,11 +68,7 @@ pub fn prepare(py: Python<'_>, device: &str) -> PyResult<String> {
 /// opens grow the table.
 #[pyfunction]
 pub fn grow_descriptor_table(py: Python<'_>) {
-    py.detach(grow_descriptors);
-}
-
-fn grow_descriptors() {
-    let _ = zerohop::storage::grow_descriptor_table(zerohop::storage::DESCRIPTORS_AHEAD);
+    let _ = py.detach(zerohop::storage::grow_descriptor_table);
 }
 
 /// What the process keeps one of per device, made on first use.

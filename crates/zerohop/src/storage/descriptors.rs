@@ -8,10 +8,10 @@ use std::io;
 /// Descriptors a process may hold before its table has to grow again: a
 /// checkpoint opens one or two per data file (32 by default), beside the
 /// fifty-odd a CUDA program holds already.
-pub const DESCRIPTORS_AHEAD: u64 = 1024;
+const DESCRIPTORS_AHEAD: u64 = 1024;
 
-/// Grows this process's descriptor table to hold `count` descriptors (at
-/// most its `RLIMIT_NOFILE`), once. Linux grows the table as `open`s need
+/// Grows this process's descriptor table to hold `DESCRIPTORS_AHEAD`
+/// descriptors (at most its `RLIMIT_NOFILE`), once. Linux grows the table as `open`s need
 /// it, doubling from 64; when several threads share the table, each growth
 /// waits for an RCU grace period inside that `open`: 14 - 26 ms of a
 /// checkpoint's first save or load that opened its 32 data files in a
@@ -19,9 +19,11 @@ pub const DESCRIPTORS_AHEAD: u64 = 1024;
 /// --sample`). Called where the wait costs nothing: on a background thread,
 /// or before a process starts its threads. The table never shrinks, so
 /// later calls return at once.
-pub fn grow_descriptor_table(count: u64) -> io::Result<()> {
-    let limit = getrlimit(Resource::Nofile).current.unwrap_or(count);
-    let Some(highest) = count.min(limit).checked_sub(1) else {
+pub fn grow_descriptor_table() -> io::Result<()> {
+    let limit = getrlimit(Resource::Nofile)
+        .current
+        .unwrap_or(DESCRIPTORS_AHEAD);
+    let Some(highest) = DESCRIPTORS_AHEAD.min(limit).checked_sub(1) else {
         return Ok(());
     };
     let highest =
@@ -40,7 +42,7 @@ mod tests {
 
     #[test]
     fn the_table_holds_the_count_after_and_the_high_descriptor_is_closed() {
-        grow_descriptor_table(DESCRIPTORS_AHEAD).unwrap();
+        grow_descriptor_table().unwrap();
         let limit = getrlimit(Resource::Nofile)
             .current
             .unwrap_or(DESCRIPTORS_AHEAD);

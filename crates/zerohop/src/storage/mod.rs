@@ -18,7 +18,7 @@ mod stamp;
 mod uring;
 mod write_mapping;
 
-pub use descriptors::{grow_descriptor_table, DESCRIPTORS_AHEAD};
+pub use descriptors::grow_descriptor_table;
 pub use file_pair::{
     blocking, regular_file_len, reopen_direct, BlockReader, FilePair, IoMode, ReadBackend,
     DIRECT_ALIGN,
