@@ -211,41 +211,43 @@ def _torch_device_name(on: Any) -> str:
     return name
 
 
+def _dtype_name_or_bytes(dtype: Any, typed: bool) -> str:
+    """`dtype_name(dtype)`; with `typed=False`, 'U8' for a dtype that
+    safetensors cannot name."""
+    try:
+        return dtype_name(dtype)
+    except ValueError:
+        if typed:
+            raise
+        return "U8"
+
+
+def _describe_tensor(torch: Any, obj: Any, writable: bool, typed: bool) -> Buffer:
+    """`describe` of a torch tensor: the common case of a checkpoint's
+    thousands, in as few of torch's attribute calls as its checks allow."""
+    if obj.layout != torch.strided:
+        raise ValueError(f"the tensor is {obj.layout}, not dense: call .to_dense() first")
+    device = _device_names.get(obj.device) or _torch_device_name(obj.device)
+    if not obj.is_contiguous():
+        raise ValueError("the tensor is not contiguous: call .contiguous() first")
+    if obj.is_conj() or obj.is_neg():
+        # A lazy view: its memory does not hold the values it shows.
+        if writable:
+            raise ValueError("the tensor is a lazy conj/neg view: call resolve_conj()/resolve_neg() first")
+        obj = obj.resolve_conj().resolve_neg()
+    dtype = _names_of_torch_dtypes.get(obj.dtype) or _dtype_name_or_bytes(obj.dtype, typed)
+    shape = tuple(obj.shape)
+    return Buffer(obj.data_ptr(), obj.nbytes, device, dtype, header_shape(dtype, shape) if dtype in _PACKED else shape, obj)
+
+
 def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
     """The memory of a torch tensor, a numpy array, any DLPack producer, or
     any object with the buffer protocol. It must be contiguous; `writable`
     also requires that it may be written. `typed=False` is for raw byte
     moves: a dtype safetensors cannot name is then just bytes ('U8')."""
     torch = _torch_if_loaded()
-
-    def name_of(dtype: Any) -> str:
-        try:
-            return dtype_name(dtype)
-        except ValueError:
-            if typed:
-                raise
-            return "U8"
-
     if torch is not None and isinstance(obj, torch.Tensor):
-        if obj.layout != torch.strided:
-            raise ValueError(f"the tensor is {obj.layout}, not dense: call .to_dense() first")
-        device = _device_names.get(obj.device) or _torch_device_name(obj.device)
-        if not obj.is_contiguous():
-            raise ValueError("the tensor is not contiguous: call .contiguous() first")
-        if obj.is_conj() or obj.is_neg():
-            # A lazy view: its memory does not hold the values it shows.
-            if writable:
-                raise ValueError("the tensor is a lazy conj/neg view: call resolve_conj()/resolve_neg() first")
-            obj = obj.resolve_conj().resolve_neg()
-        dtype = _names_of_torch_dtypes.get(obj.dtype) or name_of(obj.dtype)
-        return Buffer(
-            obj.data_ptr(),
-            obj.nbytes,
-            device,
-            dtype,
-            header_shape(dtype, tuple(obj.shape)),
-            obj,
-        )
+        return _describe_tensor(torch, obj, writable, typed)
     if np is not None and isinstance(obj, np.ndarray):
         if not obj.flags.c_contiguous:
             raise ValueError("the array is not C-contiguous: use numpy.ascontiguousarray")
@@ -257,7 +259,7 @@ def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:
             obj.__array_interface__["data"][0],
             obj.nbytes,
             "cpu",
-            name_of(obj.dtype),
+            _dtype_name_or_bytes(obj.dtype, typed),
             tuple(obj.shape),
             obj,
         )

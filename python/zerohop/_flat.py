@@ -54,7 +54,7 @@ class _Flattener:
 
     def encode(self, value: Any, path: List[str]) -> Any:
         if isinstance(value, self._tensor_type) and not isinstance(value, self._dtensor_type):
-            return self._tensor(value, path)
+            return self._tensor(value, path, "pt")
         np = _buffers.np
         if np is not None and isinstance(value, np.generic) and not isinstance(value, np.ndarray):
             value = value.item()  # numpy scalars come back as Python ones
@@ -81,7 +81,7 @@ class _Flattener:
             self.dtensors[name] = value
             return {"dtensor": name, "device": _buffers.describe(value.to_local(), writable=False).device}
         if _is_tensor(value):
-            return self._tensor(value, path)
+            return self._tensor(value, path, "np" if _is_numpy(value) else "pt")
         raise TypeError(f"{'.'.join(path) or 'state'}: cannot checkpoint a {type(value).__name__}")
 
     def _key(self, key: Any, path: List[str]) -> Any:
@@ -91,7 +91,7 @@ class _Flattener:
             return {"str": key}
         return self.encode(key, path + ["key"])
 
-    def _tensor(self, value: Any, path: List[str]) -> Dict[str, Any]:
+    def _tensor(self, value: Any, path: List[str], framework: str) -> Dict[str, Any]:
         b = _buffers.describe(value, writable=self.writable)
         key = (b.addr, b.nbytes, b.device, b.dtype, b.shape)
         name = self._seen.get(key) if b.nbytes else None
@@ -100,9 +100,11 @@ class _Flattener:
             while name in self.buffers:
                 name += "#"
             self.buffers[name] = b
-            self.frameworks[name] = "np" if _is_numpy(value) else "pt"
+            self.frameworks[name] = framework
             self._seen[key] = name
-        return {"tensor": name, "device": b.device, "framework": self.frameworks[name]}
+        else:
+            framework = self.frameworks[name]
+        return {"tensor": name, "device": b.device, "framework": framework}
 
 
 def _is_numpy(value: Any) -> bool:
@@ -121,7 +123,8 @@ def _save_flat(flat: _Flattener, skeleton: Any, dir: PathLike, parent: Optional[
     _refuse_partial_overlaps(flat.buffers)
     buffers, device = _buffers.on_one_device(flat.buffers)  # alive through the save
     entries = [(name, b.dtype, list(b.shape), b.addr, b.nbytes) for name, b in buffers.items()]
-    metadata = {STATE_KEY: json.dumps(skeleton, separators=(",", ":"))}
+    # The skeleton is a tree `encode` just made: no cycle to look for.
+    metadata = {STATE_KEY: json.dumps(skeleton, separators=(",", ":"), check_circular=False)}
     stats, seconds, written, phases = _native.checkpoint_save(
         device,
         os.fspath(dir),
