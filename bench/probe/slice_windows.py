@@ -3,9 +3,9 @@
 bench/matrix.py times get_slice (first calls in a fresh process), under
 several settings of the read-ahead (`zerohop._read_ahead`'s READ_AHEAD_*
 constants), alternated round by round. Prints per setting the rate as
-waited, and where the time went: the engine's window reads (how many,
-their sum), the wait before the first one starts, and the tail after the
-last one ends (the program taking that window's tensors).
+waited, and where the time went: the window reads (how many, the sum of
+their transfers), when the first one was queued, and the tail after the
+wait for the last one (the program taking that window's tensors).
 
 FILE is made if missing, as bench/matrix.py's small-fp8 shape (3,280 FP8
 tensors of 1 - 4 MiB, 8 GiB; needs torch and safetensors).
@@ -40,18 +40,25 @@ def child(path: str, device: str, setting: str) -> dict:
         name, value = item.split("=")
         assert hasattr(_read_ahead, name), name
         setattr(_read_ahead, name, int(value))
-    spans: list = []  # (start, end, engine seconds) of each window read
+    spans: list = []  # (queued, waited for, engine seconds) of each window read
+
+    class TimedRead:
+        def __init__(self, read):
+            self.read, self.queued = read, time.perf_counter()
+
+        def wait(self):
+            out = self.read.wait()
+            spans.append((self.queued, time.perf_counter(), json.loads(out)["seconds"] if out else 0.0))
+            return out
 
     class TimedNative:
         def __getattr__(self, name):
             return getattr(_native, name)
 
-        def read(self, *a, **kw):
-            kw["stats"] = True
-            t = time.perf_counter()
-            out = _native.read(*a, **kw)
-            spans.append((t, time.perf_counter(), json.loads(out)["seconds"]))
-            return None
+        def read_queued(self, *a, **kw):
+            if kw.get("after") is not None:
+                kw["after"] = kw["after"].read
+            return TimedRead(_native.read_queued(*a, **kw))
 
     _read_ahead._native = TimedNative()
     t = time.perf_counter()
@@ -63,9 +70,10 @@ def child(path: str, device: str, setting: str) -> dict:
             nbytes += parts[name].numel() * parts[name].element_size()
     sync()
     end = time.perf_counter()
+    spans.sort()
     return {"gbps": nbytes / (end - t) / 1e9, "wall": end - t, "reads": len(spans),
-            "engine": sum(s[2] for s in spans), "native": sum(s[1] - s[0] for s in spans),
-            "head": spans[0][0] - t if spans else 0.0, "tail": end - spans[-1][1] if spans else 0.0}
+            "engine": sum(s[2] for s in spans), "head": spans[0][0] - t if spans else 0.0,
+            "tail": end - spans[-1][1] if spans else 0.0}
 
 
 def main() -> None:
@@ -93,9 +101,9 @@ def main() -> None:
     for s, runs in rows.items():
         print(f"{s}: {max(x['gbps'] for x in runs):.2f} GB/s best, {med(x['gbps'] for x in runs):.2f} median"
               f" ({len(runs)} runs); medians: wall {med(x['wall'] for x in runs) * 1e3:.0f} ms,"
-              f" {med(x['reads'] for x in runs):.0f} engine reads taking {med(x['native'] for x in runs) * 1e3:.0f} ms"
-              f" (transfers {med(x['engine'] for x in runs) * 1e3:.0f}), first read after"
-              f" {med(x['head'] for x in runs) * 1e3:.1f} ms, tail after the last {med(x['tail'] for x in runs) * 1e3:.1f} ms")
+              f" {med(x['reads'] for x in runs):.0f} window reads (their transfers {med(x['engine'] for x in runs) * 1e3:.0f} ms),"
+              f" the first queued after {med(x['head'] for x in runs) * 1e3:.1f} ms, the tail after the last"
+              f" one's wait {med(x['tail'] for x in runs) * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

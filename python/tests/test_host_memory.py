@@ -297,13 +297,16 @@ def _counting_reads(monkeypatch):
     """The bytes of each engine read that safe_open makes, in order."""
     from zerohop import _native
     reads = []
-    real = _native.read
 
-    def read(device, sources, pieces, *args, **kwargs):
-        reads.append(sum(n for _, _, n, _ in pieces))
-        return real(device, sources, pieces, *args, **kwargs)
+    def counted(real):
+        def read(device, sources, pieces, *args, **kwargs):
+            reads.append(sum(n for _, _, n, _ in pieces))
+            return real(device, sources, pieces, *args, **kwargs)
+        return read
 
-    monkeypatch.setattr(_native, "read", read)
+    # Reads of tensors alone, and of windows (queued in the order made).
+    monkeypatch.setattr(_native, "read", counted(_native.read))
+    monkeypatch.setattr(_native, "read_queued", counted(_native.read_queued))
     return reads
 
 
@@ -485,15 +488,24 @@ def test_a_failed_read_ahead_fails_the_read_that_needs_it_and_no_other(tmp_path,
     path = tmp_path / "m.safetensors"
     st_numpy.save_file(tensors, str(path))
     _window_sizes(monkeypatch, 40_000, 40_000, 40_000)
-    real, calls = _native.read, []
+    real, calls = _native.read_queued, []
 
-    def read(*args, **kwargs):
-        calls.append(None)
-        if len(calls) == 3:  # the window read ahead, on its thread
+    class Failing:
+        """A queued read whose wait fails, as a read that failed does."""
+
+        def __init__(self, read):
+            self.read = read
+
+        def wait(self):
+            self.read.wait()
             raise OSError(5, "Input/output error")
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(_native, "read", read)
+    def read_queued(*args, after=None, **kwargs):
+        calls.append(None)
+        read = real(*args, after=getattr(after, "read", after), **kwargs)
+        return Failing(read) if len(calls) == 2 else read  # the window read ahead
+
+    monkeypatch.setattr(_native, "read_queued", read_queued)
     with zerohop.safe_open(path, framework="np") as f:
         names = f.keys()
         got = {}

@@ -33,6 +33,20 @@ def read(
     stats: bool = True,
     regions: Optional[Sequence[Tuple[int, int]]] = None,
 ) -> Optional[str]: ...
+class QueuedRead:
+    """A read started by `read_queued`."""
+
+    def wait(self) -> Optional[str]: ...
+
+def read_queued(
+    device: str,
+    sources: Sources,
+    pieces: Sequence[Tuple[int, int, int, int]],
+    stream: Optional[int],
+    regions: Optional[Sequence[Tuple[int, int]]],
+    keep: Any,
+    after: Optional[QueuedRead] = None,
+) -> QueuedRead: ...
 def write(
     device: str,
     path: str,

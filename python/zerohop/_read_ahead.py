@@ -25,7 +25,6 @@ windows stay."""
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import _buffers, _native
@@ -116,37 +115,35 @@ class _Window:
 
 
 class _WindowRead:
-    """A window read in one engine call on a thread of its own (the call
-    lets go of the GIL), once the read before it (`behind`) is over, so
-    that the engine takes them in order; its tensors are made on the
-    caller's thread meanwhile. The memory is allocated on the caller's
-    thread and stream."""
+    """A window read in one engine call on a native thread that never
+    holds the GIL, once the read before it (`behind`) is over, so that the
+    engine takes them in order and goes from one to the next at once; its
+    tensors are made on the caller's thread meanwhile. The memory is
+    allocated on the caller's thread and stream."""
 
     def __init__(self, sources: Any, parts: List[_Tensor], device: str, framework: str,
                  stream: Optional[int], order: int, after: int, behind: Optional["_WindowRead"]):
         memory, pieces = _placed(parts, device, framework)
         self.window = _Window(parts, memory, stream, order, after)
-        self._failed: List[BaseException] = []
-        self._thread = threading.Thread(target=self._read, args=(device, sources, pieces, memory.regions, stream, behind),
-                                        name="zerohop-read-ahead", daemon=True)
-        self._thread.start()
+        # The read holds `memory` until it is over, whatever happens to
+        # this object.
+        after = behind._read if behind is not None else None
+        self._read = _native.read_queued(device, sources, pieces, stream, memory.regions, memory,
+                                         after=after) if pieces else None
         self.window.tensors = memory.tensors()
 
-    def _read(self, device: str, sources: Any, pieces: List[Tuple[int, ...]], regions: List[Tuple[int, int]],
-              stream: Optional[int], behind: Optional["_WindowRead"]) -> None:
-        if behind is not None:
-            behind._thread.join()
-        try:
-            if pieces:
-                _native.read(device, sources, pieces, stream, False, stats=False, regions=regions)
-        except BaseException as e:  # raised by wait()
-            self._failed.append(e)
-
     def wait(self) -> _Window:
-        self._thread.join()
-        if self._failed:
-            raise self._failed[0]
+        if self._read is not None:
+            self._read.wait()
         return self.window
+
+    def settle(self) -> None:
+        """Waits for the read to be over; its window is not used, nor its
+        error (a read of it would read it again, and raise)."""
+        try:
+            self.wait()
+        except Exception:
+            pass
 
 
 class _ReadAhead:
@@ -256,5 +253,5 @@ class _ReadAhead:
         """Lets the windows go, once a read under way is over."""
         self._let_go()
         for read in self.ahead:
-            read._thread.join()
+            read.settle()
         self.ahead = []

@@ -54,10 +54,13 @@ pub fn device_name(spec: &str) -> PyResult<String> {
 pub fn prepare(py: Python<'_>, device: &str) -> PyResult<String> {
     let place = Place::parse(device)?;
     py.detach(|| {
-        // Best effort: where it fails, the first opens grow the table.
-        let _ = zerohop::storage::grow_descriptor_table();
         let e = engine(place)?;
         e.allocate_staging().map_err(to_py)?;
+        // After the engine, which a first load right after the import
+        // waits for: the growth waits for an RCU grace period (10 - 20 ms),
+        // and a load of one file opens too few to need it. Best effort:
+        // where it fails, the first opens grow the table.
+        let _ = zerohop::storage::grow_descriptor_table();
         Ok(e.device().describe())
     })
 }

@@ -13,6 +13,7 @@ mod engines;
 mod errors;
 mod process;
 mod progress;
+mod read_ahead;
 mod suspend;
 mod transfers;
 
@@ -32,6 +33,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfers::info, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::read, m)?)?;
+    m.add_function(wrap_pyfunction!(read_ahead::read_queued, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::expand_names, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::object_stamp, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::is_object, m)?)?;
@@ -54,6 +56,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(suspend::serve_suspend, m)?)?;
     m.add_function(wrap_pyfunction!(suspend::suspend_socket_path, m)?)?;
     m.add_class::<transfers::Sources>()?;
+    m.add_class::<read_ahead::QueuedRead>()?;
     m.add_class::<suspend::SuspendServer>()?;
     m.add_class::<agent::AgentClient>()?;
     m.add_class::<agent::AgentHostBuffer>()?;

@@ -80,7 +80,7 @@ pub fn object_stamp(py: Python<'_>, url: String) -> PyResult<(u64, String)> {
 /// each read skips opening them again, and a file is mapped once.
 #[pyclass(frozen)]
 pub struct Sources {
-    files: Vec<SourceFile>,
+    pub files: Vec<SourceFile>,
 }
 
 #[pymethods]
@@ -135,47 +135,68 @@ pub fn read(
                 &fresh
             }
         };
-        if let Some(p) = pieces.iter().find(|p| p.0 >= files.len()) {
-            return Err(Error::invalid(format!("file index {} out of range", p.0)));
-        }
-        if place == Place::Host {
-            return reporter.with(|progress| read_to_host(&engine, files, &pieces, progress));
-        }
-        let mut plan = TransferPlan::new();
-        // A plan holds addresses only; the buffers (on the simulated
-        // device, registrations) must live until the transfer is done.
-        // A piece inside one of `regions` (an allocation of the caller's)
-        // goes into it: one device copy may then cover several pieces.
-        let mut regions = regions.unwrap_or_default();
-        regions.sort_unstable();
-        let mut region_buffers = vec![None; regions.len()];
-        let mut targets = Vec::with_capacity(pieces.len());
-        for &(file, offset, len, addr) in pieces.iter().filter(|p| p.2 > 0) {
-            match region_holding(&regions, addr, len) {
-                Some(k) => {
-                    let (base, n) = regions[k];
-                    if region_buffers[k].is_none() {
-                        // SAFETY: the Python half passes live allocations
-                        // of `device` that it keeps alive for this call.
-                        region_buffers[k] =
-                            Some(unsafe { engine.device().borrow(base, n as usize, stream) }?);
-                    }
-                    let buf = region_buffers[k].as_ref().expect("just made");
-                    plan.add(files, file, offset, len, buf, addr - base)?;
-                }
-                None => {
-                    // SAFETY: the Python half passes live buffers of
-                    // `device` that it keeps alive for this call.
-                    let buf = unsafe { engine.device().borrow(addr, len as usize, stream) }?;
-                    plan.add(files, file, offset, len, &buf, 0)?;
-                    targets.push(buf);
-                }
-            }
-        }
-        reporter.with(|progress| engine.transfer(files, &plan, progress))
+        // SAFETY: the Python half passes live buffers of `device` that it
+        // keeps alive for this call.
+        reporter.with(|progress| unsafe {
+            read_pieces(&engine, place, files, &pieces, stream, regions, progress)
+        })
     });
     let moved = finished(reporter, outcome)?;
     Ok(stats.then(|| to_json(&moved)))
+}
+
+/// Reads `pieces` (file index, file offset, bytes, address) of `files`
+/// into memory of `place`; a piece inside one of `regions` (an allocation
+/// of the caller's) goes into it, so that one device copy may cover
+/// several pieces.
+///
+/// # Safety
+///
+/// Every piece's range, and every region, is live memory of `place` (of
+/// `stream`'s device) that nothing else uses until this returns.
+pub unsafe fn read_pieces(
+    engine: &Engine,
+    place: Place,
+    files: &[SourceFile],
+    pieces: &[(usize, u64, u64, u64)],
+    stream: Option<u64>,
+    regions: Option<Vec<(u64, u64)>>,
+    progress: Option<Progress<'_>>,
+) -> Result<TransferStats> {
+    if let Some(p) = pieces.iter().find(|p| p.0 >= files.len()) {
+        return Err(Error::invalid(format!("file index {} out of range", p.0)));
+    }
+    if place == Place::Host {
+        return read_to_host(engine, files, pieces, progress);
+    }
+    let mut plan = TransferPlan::new();
+    // A plan holds addresses only; the buffers (on the simulated device,
+    // registrations) must live until the transfer is done.
+    let mut regions = regions.unwrap_or_default();
+    regions.sort_unstable();
+    let mut region_buffers = vec![None; regions.len()];
+    let mut targets = Vec::with_capacity(pieces.len());
+    for &(file, offset, len, addr) in pieces.iter().filter(|p| p.2 > 0) {
+        match region_holding(&regions, addr, len) {
+            Some(k) => {
+                let (base, n) = regions[k];
+                if region_buffers[k].is_none() {
+                    // SAFETY: the caller's regions are live memory of `place`.
+                    region_buffers[k] =
+                        Some(unsafe { engine.device().borrow(base, n as usize, stream) }?);
+                }
+                let buf = region_buffers[k].as_ref().expect("just made");
+                plan.add(files, file, offset, len, buf, addr - base)?;
+            }
+            None => {
+                // SAFETY: the caller's pieces are live memory of `place`.
+                let buf = unsafe { engine.device().borrow(addr, len as usize, stream) }?;
+                plan.add(files, file, offset, len, &buf, 0)?;
+                targets.push(buf);
+            }
+        }
+    }
+    engine.transfer(files, &plan, progress)
 }
 
 /// Host destinations are read into in place, no staging and no device.
@@ -302,6 +323,6 @@ fn finished(reporter: Reporter, outcome: Result<TransferStats>) -> PyResult<Tran
     Ok(stats)
 }
 
-fn to_json(stats: &TransferStats) -> String {
+pub fn to_json(stats: &TransferStats) -> String {
     serde_json::to_string(stats).expect("stats serialize")
 }
