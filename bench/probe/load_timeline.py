@@ -48,7 +48,7 @@ def instrument(marks: dict, stats: dict, warm: bool, variant: str) -> float:
     done."""
     import torch
     import zerohop
-    from zerohop import _buffers, _native, _safetensors
+    from zerohop import _buffers, _file_tensors, _native
 
     now = time.perf_counter
     if warm:
@@ -67,10 +67,10 @@ def instrument(marks: dict, stats: dict, warm: bool, variant: str) -> float:
         def __getattr__(self, name):
             return getattr(_native, name)
 
-        def read(self, *args):
+        def read(self, *args, **kwargs):
             marks["read_enter"] = now()
             marks["read_thread"] = threading.current_thread().name
-            out = _native.read(*args)
+            out = _native.read(*args, **dict(kwargs, stats=True))
             marks["read_exit"] = now()
             stats.update(json.loads(out))
             return out
@@ -92,7 +92,7 @@ def instrument(marks: dict, stats: dict, warm: bool, variant: str) -> float:
         memory._make = timed_make
         return memory
 
-    _safetensors._native = TimedNative()
+    _file_tensors._native = TimedNative()
     _buffers.allocate = allocate
     if variant == "views-after":
         _buffers.OVERLAP_MIN = 1 << 30
@@ -126,7 +126,7 @@ def child(path: str, variant: str, warm: bool) -> dict:
     else:
         start = ready
     import zerohop
-    from zerohop import _buffers, _native, _safetensors
+    from zerohop import _buffers, _file_tensors, _native
 
     size = os.path.getsize(path)
 
@@ -137,7 +137,7 @@ def child(path: str, variant: str, warm: bool) -> dict:
         whole = torch.empty(total, dtype=torch.uint8, device="cuda:0")
         marks["alloc_exit"] = now()
         pieces = [(0, infos[0][3], total, whole.data_ptr())]
-        _safetensors._native.read("cuda:0", [path], pieces, _buffers.current_stream("cuda:0"), False)
+        _file_tensors._native.read("cuda:0", [path], pieces, _buffers.current_stream("cuda:0"), False)
         out = {"whole": whole}
     else:
         out = zerohop.load_file(path, device="cuda:0")
