@@ -223,8 +223,8 @@ def _dtype_name_or_bytes(dtype: Any, typed: bool) -> str:
 
 
 def _describe_tensor(torch: Any, obj: Any, writable: bool, typed: bool) -> Buffer:
-    """`describe` of a torch tensor: the common case of a checkpoint's
-    thousands, in as few of torch's attribute calls as its checks allow."""
+    """`describe` of a torch tensor, the common case (a checkpoint's
+    thousands): asked first, with no closure made per call."""
     if obj.layout != torch.strided:
         raise ValueError(f"the tensor is {obj.layout}, not dense: call .to_dense() first")
     device = _device_names.get(obj.device) or _torch_device_name(obj.device)
@@ -236,8 +236,7 @@ def _describe_tensor(torch: Any, obj: Any, writable: bool, typed: bool) -> Buffe
             raise ValueError("the tensor is a lazy conj/neg view: call resolve_conj()/resolve_neg() first")
         obj = obj.resolve_conj().resolve_neg()
     dtype = _names_of_torch_dtypes.get(obj.dtype) or _dtype_name_or_bytes(obj.dtype, typed)
-    shape = tuple(obj.shape)
-    return Buffer(obj.data_ptr(), obj.nbytes, device, dtype, header_shape(dtype, shape) if dtype in _PACKED else shape, obj)
+    return Buffer(obj.data_ptr(), obj.nbytes, device, dtype, header_shape(dtype, tuple(obj.shape)), obj)
 
 
 def describe(obj: Any, writable: bool, typed: bool = True) -> Buffer:

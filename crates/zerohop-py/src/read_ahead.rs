@@ -1,7 +1,7 @@
 //! Reads queued one after another, each on a thread of its own that never
 //! holds the GIL: `safe_open`'s read-ahead windows. A window read from a
 //! Python thread waited for the GIL to start and to return while the
-//! program took tensors in Python, and the engine idled meanwhile (5 - 12
+//! program took tensors in Python, and the engine idled meanwhile (1 - 12
 //! ms between windows on a 2-core host).
 
 use crate::engines::{engine, Place};

@@ -80,7 +80,7 @@ pub fn object_stamp(py: Python<'_>, url: String) -> PyResult<(u64, String)> {
 /// each read skips opening them again, and a file is mapped once.
 #[pyclass(frozen)]
 pub struct Sources {
-    pub files: Vec<SourceFile>,
+    pub(crate) files: Vec<SourceFile>,
 }
 
 #[pymethods]
