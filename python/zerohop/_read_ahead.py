@@ -127,9 +127,9 @@ class _WindowRead:
         self.window = _Window(parts, memory, stream, order, after)
         # The read holds `memory` until it is over, whatever happens to
         # this object.
-        after = behind._read if behind is not None else None
+        behind_read = behind._read if behind is not None else None
         self._read = _native.read_queued(device, sources, pieces, stream, memory.regions, memory,
-                                         after=after) if pieces else None
+                                         after=behind_read) if pieces else None
         self.window.tensors = memory.tensors()
 
     def wait(self) -> _Window:
