@@ -109,8 +109,18 @@ def load_child(args, target: str) -> None:
         def __getattr__(self, name):
             return getattr(_native, name)
 
-        def checkpoint_restore(self, *a, **kw):
-            out = timed("native restore", _native.checkpoint_restore)(*a, **kw)
+        def checkpoint_open(self, *a, **kw):
+            return TimedCheckpoint(_native.checkpoint_open(*a, **kw))
+
+    class TimedCheckpoint:
+        def __init__(self, opened):
+            self.opened = opened
+
+        def __getattr__(self, name):
+            return getattr(self.opened, name)
+
+        def restore(self, *a, **kw):
+            out = timed("native restore", self.opened.restore)(*a, **kw)
             restored.append(json.loads(out))
             return out
 

@@ -121,8 +121,8 @@ def test_a_malformed_structure_is_a_value_error(tmp_path, monkeypatch):
     original = _flat._entries
 
     def tampered(dir):
-        _, entries = original(dir)
-        return {"dict": [[{"str": "a"}, {"tensor": "missing", "device": "cpu", "framework": "np"}]]}, entries
+        opened, _, entries = original(dir)
+        return opened, {"dict": [[{"str": "a"}, {"tensor": "missing", "device": "cpu", "framework": "np"}]]}, entries
 
     monkeypatch.setattr(_flat, "_entries", tampered)
     with pytest.raises(ValueError, match="malformed"):

@@ -145,11 +145,13 @@ def _refuse_partial_overlaps(buffers: Dict[str, "_buffers.Buffer"]) -> None:
         raise ValueError(f"{' and '.join(shared[0])} share memory (views of one tensor): save one, or clone the others")
 
 
-def _entries(dir: PathLike) -> Tuple[Any, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]]:
-    metadata, entries = _native.checkpoint_entries(os.fspath(dir))
+def _entries(dir: PathLike) -> Tuple[Any, Any, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]]:
+    """The checkpoint at `dir` with its manifest read once, its saved
+    structure, and its entries by name."""
+    opened = _native.checkpoint_open(os.fspath(dir))
+    metadata = opened.metadata()
     skeleton = json.loads(metadata[STATE_KEY]) if STATE_KEY in metadata else None
-    return skeleton, {name: (dtype, shape, nbytes) for name, dtype, shape, nbytes in entries}
-
+    return opened, skeleton, {name: (dtype, shape, nbytes) for name, dtype, shape, nbytes in opened.entries()}
 
 
 def _decode_state(dir: PathLike, skeleton: Any, tensors: Dict[str, Any]) -> Any:
@@ -161,7 +163,7 @@ def _decode_state(dir: PathLike, skeleton: Any, tensors: Dict[str, Any]) -> Any:
 
 def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, Dict[str, Any]]:
     """A checkpoint's structure and all its tensors, by entry name."""
-    skeleton, entries = _entries(dir)
+    opened, skeleton, entries = _entries(dir)
     devices: Dict[str, str] = {}
     frameworks: Dict[str, str] = {}
     _tensor_places(skeleton, devices, frameworks)
@@ -193,14 +195,14 @@ def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, 
         device = devices_used.pop()
         targets = [(name, addr, entries[name][2]) for names, _, memory in allocated
                    for name, addr in zip(names, memory.addresses)]
-        made = _buffers.tensors_while(lambda: _native.checkpoint_restore(
-            device, os.fspath(dir), targets, _buffers.current_stream(device), progress), memories)
+        made = _buffers.tensors_while(lambda: opened.restore(
+            device, targets, _buffers.current_stream(device), progress), memories)
     else:
         made = [memory.tensors() for memory in memories]
     by_name = {name: t for (names, _, _), ts in zip(allocated, made) for name, t in zip(names, ts)}
     tensors = {name: by_name[name] for name in entries}
     if len(devices_used) > 1:
-        _restore(dir, {n: _buffers.describe(t, writable=True) for n, t in tensors.items()}, progress)
+        _restore(opened, {n: _buffers.describe(t, writable=True) for n, t in tensors.items()}, progress)
     return skeleton, tensors
 
 
@@ -257,7 +259,7 @@ def _decode(node: Any, tensors: Dict[str, Any]) -> Any:
 def _restore_flat(flat: _Flattener, mine: Any, dir: PathLike, progress: Progress) -> None:
     """Restores `dir` into the tensors `flat` collected from a state whose
     structure is `mine`."""
-    skeleton, entries = _entries(dir)
+    opened, skeleton, entries = _entries(dir)
     if skeleton is None:
         raise ValueError(f"{os.fspath(dir)} holds no saved structure: use load()")
     if _shape_of(mine) != _shape_of(skeleton):
@@ -268,7 +270,7 @@ def _restore_flat(flat: _Flattener, mine: Any, dir: PathLike, progress: Progress
             raise ValueError(
                 f"{name}: the checkpoint holds {dtype} {shape}, the state {b.dtype} {list(b.shape)}"
             )
-    _restore(dir, flat.buffers, progress)
+    _restore(opened, flat.buffers, progress)
 
 
 def _shape_of(node: Any) -> Any:
@@ -290,14 +292,13 @@ def _shape_of(node: Any) -> Any:
     return None
 
 
-def _restore(dir: PathLike, buffers: Dict[str, "_buffers.Buffer"], progress: Progress) -> None:
-    """Restores entries into `buffers` on the device holding most bytes;
-    the others go through a temporary there and are copied back."""
+def _restore(opened: Any, buffers: Dict[str, "_buffers.Buffer"], progress: Progress) -> None:
+    """Restores the checkpoint `opened` (`_native.checkpoint_open`) into
+    `buffers` on the device holding most bytes; the others go through a
+    temporary there and are copied back."""
     staged, device = _buffers.on_one_device(buffers)
     targets = [(n, b.addr, b.nbytes) for n, b in staged.items()]
-    _native.checkpoint_restore(
-        device, os.fspath(dir), targets, _buffers.current_stream(device), progress
-    )
+    opened.restore(device, targets, _buffers.current_stream(device), progress)
     for name, b in staged.items():
         if b is not buffers[name]:
             _buffers.as_torch(buffers[name]).copy_(b.owner)

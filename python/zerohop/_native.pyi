@@ -73,16 +73,19 @@ def checkpoint_save(
     stream: Optional[int] = None,
     progress: Any = None,
 ) -> Tuple[str, float, int, str]: ...
-def checkpoint_entries(
-    at: str,
-) -> Tuple[Dict[str, str], List[Tuple[str, Optional[str], Optional[List[int]], int]]]: ...
-def checkpoint_restore(
-    device: str,
-    at: str,
-    targets: Sequence[Tuple[str, int, int]],
-    stream: Optional[int] = None,
-    progress: Any = None,
-) -> str: ...
+def checkpoint_open(at: str) -> OpenedCheckpoint: ...
+
+class OpenedCheckpoint:
+    def metadata(self) -> Dict[str, str]: ...
+    def entries(self) -> List[Tuple[str, Optional[str], Optional[List[int]], int]]: ...
+    def restore(
+        self,
+        device: str,
+        targets: Sequence[Tuple[str, int, int]],
+        stream: Optional[int] = None,
+        progress: Any = None,
+    ) -> str: ...
+
 def checkpoint_verify(at: str, progress: Any = None) -> Tuple[int, int]: ...  # (chunks, bytes)
 def checkpoint_list(store: str) -> List[Tuple[str, Optional[str], int, int]]: ...  # (name, parent, entries, bytes)
 def checkpoint_remove(at: str) -> None: ...

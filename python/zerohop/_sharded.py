@@ -30,7 +30,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
-from . import _buffers, _flat
+from . import _buffers, _flat, _native
 from ._durable import write_durably
 from ._flat import DTENSOR_PREFIX
 
@@ -317,7 +317,7 @@ def restore_into(state: Any, dir: Any, group: Any, progress: Any) -> None:
             target.buffers[name] = _buffers.describe(value.to_local(), writable=True)
         _flat._restore_flat(flat, mine, rank_dir(dir, world.rank, world.size), progress)
         if replicated.buffers:
-            _flat._restore(os.path.join(dir, REPLICATED_DIR), replicated.buffers, progress)
+            _flat._restore(_native.checkpoint_open(os.path.join(dir, REPLICATED_DIR)), replicated.buffers, progress)
     except Exception as e:  # raised on every rank by the agreement below
         failure = e
     _agree(world, failure)

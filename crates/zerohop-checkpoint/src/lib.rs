@@ -36,7 +36,7 @@ pub use manifest::{
     MAX_MANIFEST_BYTES, VERSION,
 };
 pub use request::{Region, SaveOptions, DEFAULT_CHUNK_BYTES};
-pub use restore::{restore, restore_into, Restored};
+pub use restore::{restore, restore_into, restore_manifest_into, Restored};
 pub use save::{save, SavePhases, Saved};
 pub use store::{CheckpointStore, NewCheckpoint};
 pub use verify::{dependents, remove, verify, Verified};

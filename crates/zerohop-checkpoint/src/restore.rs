@@ -47,7 +47,19 @@ pub fn restore_into(
     targets: &[(&str, DeviceBuffer)],
     progress: Option<Progress<'_>>,
 ) -> Result<TransferStats> {
-    let manifest = at.manifest()?;
+    restore_manifest_into(engine, at, &at.manifest()?, targets, progress)
+}
+
+/// `restore_into` with `at`'s manifest already read (`at.manifest()`):
+/// a caller that looks at the entries first reads and decodes it once
+/// (a few milliseconds for thousands of entries).
+pub fn restore_manifest_into(
+    engine: &Engine,
+    at: &Location,
+    manifest: &Manifest,
+    targets: &[(&str, DeviceBuffer)],
+    progress: Option<Progress<'_>>,
+) -> Result<TransferStats> {
     let by_name: HashMap<&str, &DeviceBuffer> = targets.iter().map(|(n, b)| (*n, b)).collect();
     if by_name.len() != targets.len() {
         return Err(Error::invalid("a target name is given twice"));
@@ -77,8 +89,8 @@ pub fn restore_into(
             )));
         }
     }
-    let sources = Sources::open(at, &manifest)?;
-    restore_entries(engine, at, &manifest, sources, &ordered, progress)
+    let sources = Sources::open(at, manifest)?;
+    restore_entries(engine, at, manifest, sources, &ordered, progress)
 }
 
 /// Where one chunk's bytes are read from, and what they must hash to.

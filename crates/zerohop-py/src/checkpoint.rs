@@ -1,4 +1,4 @@
-//! Checkpoints of tensors: save, list, restore in place, verify.
+//! Checkpoints of tensors: save, list, open and restore in place, verify.
 
 use crate::engines::{engine, upload_engine, Place};
 use crate::errors::to_py;
@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use zerohop::staging::StagingConfig;
 use zerohop::{DeviceBuffer, Error, Result};
-use zerohop_checkpoint::{self as ckpt, Location, Region, SaveOptions};
+use zerohop_checkpoint::{self as ckpt, Location, Manifest, Region, SaveOptions};
 use zerohop_names::{checkpoint_at, checkpoints_in};
 
 /// An entry as the Python half describes it: name, dtype and shape (both
@@ -78,49 +78,70 @@ pub fn checkpoint_save(
     Ok((stats, seconds, written, phases))
 }
 
-/// The checkpoint's metadata and entries as (name, dtype, shape, bytes).
-#[pyfunction]
-pub fn checkpoint_entries(
-    py: Python<'_>,
-    at: String,
-) -> PyResult<(BTreeMap<String, String>, Vec<EntryInfo>)> {
-    let m = py.detach(|| to_read(&at)?.manifest()).map_err(to_py)?;
-    let entries = m
-        .entries
-        .into_iter()
-        .map(|e| (e.name, e.dtype, e.shape, e.bytes))
-        .collect();
-    Ok((m.metadata, entries))
+/// A checkpoint whose manifest is read and decoded once, for a load that
+/// looks at its entries before it restores them.
+#[pyclass(frozen)]
+pub struct OpenedCheckpoint {
+    at: Location,
+    manifest: Manifest,
 }
 
-/// Restores the checkpoint `at` in place into `targets` of `device`,
-/// each (entry name, address, bytes); every chunk's checksum is checked.
+/// Reads the manifest of the checkpoint `at`.
 #[pyfunction]
-#[pyo3(signature = (device, at, targets, stream=None, progress=None))]
-pub fn checkpoint_restore(
-    py: Python<'_>,
-    device: &str,
-    at: String,
-    targets: Vec<(String, u64, u64)>,
-    stream: Option<u64>,
-    progress: Option<Bound<'_, PyAny>>,
-) -> PyResult<String> {
-    let engine = py.detach(|| engine(Place::parse(device)?))?;
-    let total = targets.iter().map(|t| t.2).sum();
-    let reporter = Reporter::new(progress.as_ref(), "restoring", total)?;
-    let stats = py.detach(|| {
-        let buffers = targets
-            .iter()
-            .map(|(name, addr, len)| {
-                // SAFETY: as in `checkpoint_save`.
-                let b = unsafe { engine.device().borrow(*addr, *len as usize, stream) }?;
-                Ok((name.as_str(), b))
-            })
-            .collect::<Result<Vec<(&str, DeviceBuffer)>>>()?;
+pub fn checkpoint_open(py: Python<'_>, at: String) -> PyResult<OpenedCheckpoint> {
+    py.detach(|| {
         let at = to_read(&at)?;
-        reporter.with(|progress| ckpt::restore_into(&engine, &at, &buffers, progress))
-    });
-    finish(reporter, stats)
+        let manifest = at.manifest()?;
+        Ok(OpenedCheckpoint { at, manifest })
+    })
+    .map_err(to_py)
+}
+
+#[pymethods]
+impl OpenedCheckpoint {
+    /// The checkpoint's metadata.
+    fn metadata(&self) -> BTreeMap<String, String> {
+        self.manifest.metadata.clone()
+    }
+
+    /// Its entries as (name, dtype, shape, bytes).
+    fn entries(&self) -> Vec<EntryInfo> {
+        self.manifest
+            .entries
+            .iter()
+            .map(|e| (e.name.clone(), e.dtype.clone(), e.shape.clone(), e.bytes))
+            .collect()
+    }
+
+    /// Restores it in place into `targets` of `device`, each (entry name,
+    /// address, bytes); every chunk's checksum is checked.
+    #[pyo3(signature = (device, targets, stream=None, progress=None))]
+    fn restore(
+        &self,
+        py: Python<'_>,
+        device: &str,
+        targets: Vec<(String, u64, u64)>,
+        stream: Option<u64>,
+        progress: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<String> {
+        let engine = py.detach(|| engine(Place::parse(device)?))?;
+        let total = targets.iter().map(|t| t.2).sum();
+        let reporter = Reporter::new(progress.as_ref(), "restoring", total)?;
+        let stats = py.detach(|| {
+            let buffers = targets
+                .iter()
+                .map(|(name, addr, len)| {
+                    // SAFETY: as in `checkpoint_save`.
+                    let b = unsafe { engine.device().borrow(*addr, *len as usize, stream) }?;
+                    Ok((name.as_str(), b))
+                })
+                .collect::<Result<Vec<(&str, DeviceBuffer)>>>()?;
+            reporter.with(|progress| {
+                ckpt::restore_manifest_into(&engine, &self.at, &self.manifest, &buffers, progress)
+            })
+        });
+        finish(reporter, stats)
+    }
 }
 
 /// Checks every checksum of the checkpoint `at` without a GPU; returns

@@ -40,8 +40,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfers::write, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_save, m)?)?;
-    m.add_function(wrap_pyfunction!(checkpoint::checkpoint_entries, m)?)?;
-    m.add_function(wrap_pyfunction!(checkpoint::checkpoint_restore, m)?)?;
+    m.add_function(wrap_pyfunction!(checkpoint::checkpoint_open, m)?)?;
+    m.add_class::<checkpoint::OpenedCheckpoint>()?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_verify, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_list, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint::checkpoint_remove, m)?)?;
