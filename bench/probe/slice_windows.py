@@ -4,7 +4,8 @@ bench/matrix.py times get_slice (first calls in a fresh process), under
 several settings of the read-ahead (`zerohop._read_ahead`'s READ_AHEAD_*
 constants), alternated round by round. Prints per setting the rate as
 waited, and where the time went: the window reads (how many, the sum of
-their transfers), when the first one was queued, and the tail after the
+their transfers, how long the program blocked waiting for them), when
+the first one was queued, and the tail after the
 wait for the last one (the program taking that window's tensors).
 
 FILE is made if missing, as bench/matrix.py's small-fp8 shape (3,280 FP8
@@ -40,15 +41,17 @@ def child(path: str, device: str, setting: str) -> dict:
         name, value = item.split("=")
         assert hasattr(_read_ahead, name), name
         setattr(_read_ahead, name, int(value))
-    spans: list = []  # (queued, waited for, engine seconds) of each window read
+    spans: list = []  # (queued, waited for, engine seconds, seconds blocked in wait) of each window read
 
     class TimedRead:
         def __init__(self, read):
             self.read, self.queued = read, time.perf_counter()
 
         def wait(self):
+            called = time.perf_counter()
             out = self.read.wait()
-            spans.append((self.queued, time.perf_counter(), json.loads(out)["seconds"] if out else 0.0))
+            done = time.perf_counter()
+            spans.append((self.queued, done, json.loads(out)["seconds"] if out else 0.0, done - called))
             return out
 
     class TimedNative:
@@ -72,7 +75,8 @@ def child(path: str, device: str, setting: str) -> dict:
     end = time.perf_counter()
     spans.sort()
     return {"gbps": nbytes / (end - t) / 1e9, "wall": end - t, "reads": len(spans),
-            "engine": sum(s[2] for s in spans), "head": spans[0][0] - t if spans else 0.0,
+            "engine": sum(s[2] for s in spans), "blocked": sum(s[3] for s in spans),
+            "head": spans[0][0] - t if spans else 0.0,
             "tail": end - spans[-1][1] if spans else 0.0}
 
 
@@ -101,7 +105,8 @@ def main() -> None:
     for s, runs in rows.items():
         print(f"{s}: {max(x['gbps'] for x in runs):.2f} GB/s best, {med(x['gbps'] for x in runs):.2f} median"
               f" ({len(runs)} runs); medians: wall {med(x['wall'] for x in runs) * 1e3:.0f} ms,"
-              f" {med(x['reads'] for x in runs):.0f} window reads (their transfers {med(x['engine'] for x in runs) * 1e3:.0f} ms),"
+              f" {med(x['reads'] for x in runs):.0f} window reads (their transfers {med(x['engine'] for x in runs) * 1e3:.0f} ms,"
+              f" the program blocked waiting for them {med(x['blocked'] for x in runs) * 1e3:.0f} ms),"
               f" the first queued after {med(x['head'] for x in runs) * 1e3:.1f} ms, the tail after the last"
               f" one's wait {med(x['tail'] for x in runs) * 1e3:.1f} ms")
 
