@@ -55,7 +55,7 @@ class safe_open:
     `safetensors.safe_open` does: `keys()`, `metadata()`,
     `get_tensor(name)`, `get_slice(name)[rows, ...]`. Usable as a context
     manager. `framework="pt"` gives torch tensors, `framework="np"` numpy
-    arrays (host memory only). A tensor over 16 MiB is read alone, only the
+    arrays (host memory only). A tensor over 512 MiB is read alone, only the
     rows asked. Once reads of smaller ones go forward through the file or
     through its names, the small tensors that come next are read with
     them, in windows (three held while the file is open: the one in use,

@@ -37,16 +37,17 @@ pub fn safetensors_header(py: Python<'_>, path: PathBuf) -> PyResult<HeaderInfo>
                 .and_then(|f| read_header(&f[0]))
         })
         .map_err(to_py)?;
+    let start = header.data_start;
     let tensors = header
         .tensors
-        .iter()
+        .into_iter()
         .map(|t| {
             (
-                t.name.clone(),
+                t.name,
                 t.dtype.name().to_string(),
-                t.shape.clone(),
-                header.data_start + t.begin,
-                header.data_start + t.end,
+                t.shape,
+                start + t.begin,
+                start + t.end,
             )
         })
         .collect();
