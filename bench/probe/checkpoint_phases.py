@@ -125,7 +125,7 @@ def load_child(args, target: str) -> None:
             return out
 
     _flat._native = TimedNative()
-    _flat._entries = timed("manifest", _flat._entries)
+    _flat._open = timed("manifest", _flat._open)
     zerohop.checkpoint._decode_state = timed("state", zerohop.checkpoint._decode_state)
     _buffers.allocate = timed("allocate", _buffers.allocate)
     _buffers.tensors_while = timed("restore + views", _buffers.tensors_while)

@@ -118,13 +118,13 @@ def test_a_malformed_structure_is_a_value_error(tmp_path, monkeypatch):
     """The structure comes from the manifest, which is checksummed; one
     written by another tool may still be wrong."""
     checkpoint.save({"a": np.ones(3, np.float32)}, tmp_path / "ck")
-    original = _flat._entries
+    original = _flat._open
 
     def tampered(dir):
         opened, _, entries = original(dir)
         return opened, {"dict": [[{"str": "a"}, {"tensor": "missing", "device": "cpu", "framework": "np"}]]}, entries
 
-    monkeypatch.setattr(_flat, "_entries", tampered)
+    monkeypatch.setattr(_flat, "_open", tampered)
     with pytest.raises(ValueError, match="malformed"):
         checkpoint.load(tmp_path / "ck")
 

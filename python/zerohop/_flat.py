@@ -145,7 +145,7 @@ def _refuse_partial_overlaps(buffers: Dict[str, "_buffers.Buffer"]) -> None:
         raise ValueError(f"{' and '.join(shared[0])} share memory (views of one tensor): save one, or clone the others")
 
 
-def _entries(dir: PathLike) -> Tuple[Any, Any, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]]:
+def _open(dir: PathLike) -> Tuple[Any, Any, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]]:
     """The checkpoint at `dir` with its manifest read once, its saved
     structure, and its entries by name."""
     opened = _native.checkpoint_open(os.fspath(dir))
@@ -163,7 +163,7 @@ def _decode_state(dir: PathLike, skeleton: Any, tensors: Dict[str, Any]) -> Any:
 
 def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, Dict[str, Any]]:
     """A checkpoint's structure and all its tensors, by entry name."""
-    opened, skeleton, entries = _entries(dir)
+    opened, skeleton, entries = _open(dir)
     devices: Dict[str, str] = {}
     frameworks: Dict[str, str] = {}
     _tensor_places(skeleton, devices, frameworks)
@@ -259,7 +259,7 @@ def _decode(node: Any, tensors: Dict[str, Any]) -> Any:
 def _restore_flat(flat: _Flattener, mine: Any, dir: PathLike, progress: Progress) -> None:
     """Restores `dir` into the tensors `flat` collected from a state whose
     structure is `mine`."""
-    opened, skeleton, entries = _entries(dir)
+    opened, skeleton, entries = _open(dir)
     if skeleton is None:
         raise ValueError(f"{os.fspath(dir)} holds no saved structure: use load()")
     if _shape_of(mine) != _shape_of(skeleton):
