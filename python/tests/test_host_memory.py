@@ -501,6 +501,38 @@ def test_queued_reads_run_in_order_and_report_once(tmp_path):
         bad.wait()
 
 
+def test_read_ahead_queues_the_windows_after_a_window_before_waiting_for_it(tmp_path, monkeypatch):
+    from zerohop import _native
+    tensors = {f"t{i:03d}": np.full(1000, i, np.float32) for i in range(40)}
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    _window_sizes(monkeypatch, 40_000, 40_000, 40_000)  # 10 tensors a window
+    real, events = _native.read_queued, []
+
+    class Logged:
+        def __init__(self, read, k):
+            self.read, self.k = read, k
+
+        def wait(self):
+            events.append(("wait", self.k))
+            return self.read.wait()
+
+    def read_queued(*args, after=None, **kwargs):
+        k = sum(event == "queued" for event, _ in events)
+        events.append(("queued", k))
+        return Logged(real(*args, after=getattr(after, "read", after), **kwargs), k)
+
+    monkeypatch.setattr(_native, "read_queued", read_queued)
+    with zerohop.safe_open(path, framework="np") as f:
+        for name in f.keys():
+            assert np.array_equal(f.get_tensor(name), tensors[name]), name
+    # The first tensor alone; then windows of t001 - t010, t011 - t020,
+    # t021 - t030 queued before the first of them is waited for, and the
+    # last (t031 - t039) before the second is.
+    assert events == [("queued", 0), ("queued", 1), ("queued", 2), ("wait", 0),
+                      ("queued", 3), ("wait", 1), ("wait", 2), ("wait", 3)], events
+
+
 def test_a_failed_read_ahead_fails_the_read_that_needs_it_and_no_other(tmp_path, monkeypatch):
     from zerohop import _native
     tensors = {f"t{i:03d}": np.full(1000, i, np.float32) for i in range(40)}

@@ -9,7 +9,8 @@ file's order or the names' (keys()), the tensors that come next in that
 order are read with the second, in one engine call: a
 window of READ_AHEAD_FIRST bytes, twice as many each time up to
 READ_AHEAD_MOST, and the READ_AHEAD_WINDOWS windows after it are read on
-threads while this one is used. While reads take every tensor of each
+threads while this one is used (all of them queued while the first is
+read). While reads take every tensor of each
 window in turn, windows grow four times as fast, up to
 READ_AHEAD_DENSE_MOST. Reads that jump about get no window.
 A tensor over READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked,
@@ -47,8 +48,9 @@ READ_AHEAD_MOST = 128 << 20
 # device left when the last copy out of the file ends): they grow faster,
 # and larger.
 READ_AHEAD_DENSE_MOST = 1 << 30
-# Windows read ahead of the one in use: the next is planned while the one
-# before it is read, so the engine goes from one to the next at once.
+# Windows read ahead of the one in use: each is planned and queued while
+# the ones before it are read, so the engine goes from one to the next at
+# once.
 READ_AHEAD_WINDOWS = 2
 # How far ahead in an order the next read may land and still count as
 # going forward (a program may skip a few tensors of each layer).
@@ -180,27 +182,34 @@ class _ReadAhead:
             return None  # and the windows stay: small tensors may follow
         if self.window is None or not self.window.has(info.name, stream):
             self._let_go()  # freed before the next is allocated
-            if self.ahead and self.ahead[0].window.has(info.name, stream):
-                self.window = self.ahead.pop(0).wait()
-            else:
+            check()
+            if not (self.ahead and self.ahead[0].window.has(info.name, stream)):
                 self.close()
                 forward = [k for k, place in enumerate(self.places)
                            if last is not None and 0 < place[info.name] - place[last] <= READ_AHEAD_STRIDE]
                 if not forward:
                     return None
                 k = forward[0]
-                check()
                 first = self._read(k, self.places[k][info.name], sources(), device, framework, stream, None)
                 assert first is not None  # `info` itself is small
-                self.window = first.wait()
-            check()
-            while len(self.ahead) < READ_AHEAD_WINDOWS:
-                last_read = self.ahead[-1] if self.ahead else None
-                after = last_read.window if last_read is not None else self.window
-                read = self._read(after.order, after.after, sources(), device, framework, stream, last_read)
+                self.ahead = [first]
+            # The windows after are queued before the wait: the engine goes
+            # on to them as this one ends, and their memory and tensors are
+            # made while it reads. At most 1 + READ_AHEAD_WINDOWS are held,
+            # none in use meanwhile.
+            while len(self.ahead) <= READ_AHEAD_WINDOWS:
+                behind = self.ahead[-1]
+                read = self._read(behind.window.order, behind.window.after, sources(), device, framework,
+                                  stream, behind)
                 if read is None:
                     break
                 self.ahead.append(read)
+            try:
+                self.window = self.ahead.pop(0).wait()
+            except BaseException:
+                self.close()  # the windows after it start anew at the next read
+                raise
+            check()
         return self.window.take(asked)
 
     def _learn(self, info: _Tensor, asked: _Tensor) -> None:
