@@ -533,7 +533,8 @@ def test_read_ahead_queues_the_windows_after_a_window_before_waiting_for_it(tmp_
                       ("queued", 3), ("wait", 1), ("wait", 2), ("wait", 3)], events
 
 
-def test_a_failed_read_ahead_fails_the_read_that_needs_it_and_no_other(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failing", [1, 2])  # the first window, or one read ahead of it
+def test_a_failed_read_ahead_fails_the_read_that_needs_it_and_no_other(tmp_path, monkeypatch, failing):
     from zerohop import _native
     tensors = {f"t{i:03d}": np.full(1000, i, np.float32) for i in range(40)}
     path = tmp_path / "m.safetensors"
@@ -554,7 +555,7 @@ def test_a_failed_read_ahead_fails_the_read_that_needs_it_and_no_other(tmp_path,
     def read_queued(*args, after=None, **kwargs):
         calls.append(None)
         read = real(*args, after=getattr(after, "read", after), **kwargs)
-        return Failing(read) if len(calls) == 2 else read  # the window read ahead
+        return Failing(read) if len(calls) == failing else read
 
     monkeypatch.setattr(_native, "read_queued", read_queued)
     with zerohop.safe_open(path, framework="np") as f:
