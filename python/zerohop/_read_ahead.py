@@ -10,7 +10,9 @@ order are read with the second, in one engine call: a
 window of READ_AHEAD_FIRST bytes, twice as many each time up to
 READ_AHEAD_MOST, and the READ_AHEAD_WINDOWS windows after it are read on
 threads while this one is used (all of them queued while the first is
-read). While reads take every tensor of each
+read). Into a device, a window queued while the one before it is read
+joins that read: one pipeline run of the engine takes them in turn, with
+no transfer's start and end between them. While reads take every tensor of each
 window in turn, windows grow four times as fast, up to
 READ_AHEAD_DENSE_MOST. Reads that jump about get no window.
 A tensor over READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked,
@@ -121,11 +123,11 @@ class _Window:
 
 
 class _WindowRead:
-    """A window read in one engine call on a native thread that never
-    holds the GIL, once the read before it (`behind`) is over, so that the
-    engine takes them in order and goes from one to the next at once; its
-    tensors are made on the caller's thread meanwhile. The memory is
-    allocated on the caller's thread and stream."""
+    """A window read on native threads that never hold the GIL, after the
+    read before it (`behind`): into a device it joins that read's pipeline
+    run while it runs, so that the engine takes them in order and goes from
+    one to the next at once. Its tensors are made on the caller's thread
+    meanwhile. The memory is allocated on the caller's thread and stream."""
 
     def __init__(self, sources: Any, parts: List[_Tensor], device: str, framework: str,
                  stream: Optional[int], order: int, after: int, behind: Optional["_WindowRead"]):

@@ -1,16 +1,17 @@
-//! Reads queued one after another, each on a thread of its own that never
-//! holds the GIL: `safe_open`'s read-ahead windows. A window read from a
-//! Python thread waited for the GIL to start and to return while the
-//! program took tensors in Python, and the engine idled meanwhile (1 - 12
-//! ms between windows on a 2-core host).
+//! Reads queued one after another on threads that never hold the GIL:
+//! `safe_open`'s read-ahead windows. A window read from a Python thread
+//! waited for the GIL to start and to return while the program took
+//! tensors in Python, and the engine idled meanwhile (1 - 12 ms between
+//! windows on a 2-core host). Into a device, a read queued while the one
+//! before it is under way joins it in one pipeline run (a `ReadChain`).
 
 use crate::engines::{engine, Place};
 use crate::errors::to_py;
-use crate::transfers::{read_pieces, to_json, Sources};
+use crate::transfers::{plan_pieces, read_pieces, to_json, Sources};
 use pyo3::prelude::*;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use zerohop::{Error, ErrorKind, Result};
+use zerohop::{Error, ErrorKind, OnArrival, ReadChain, Result};
 
 /// A read's outcome: its stats as JSON or its error, once it is over.
 #[derive(Default)]
@@ -45,6 +46,9 @@ impl Outcome {
 #[pyclass(frozen)]
 pub struct QueuedRead {
     outcome: Arc<Outcome>,
+    /// The chain it is read in, on a device (not host memory): reads
+    /// queued behind it join that chain while it runs.
+    chain: Option<(Place, Arc<ReadChain>)>,
 }
 
 #[pymethods]
@@ -61,10 +65,12 @@ impl QueuedRead {
 }
 
 /// Starts reading `pieces` of `sources` into memory of `device`, as `read`
-/// does, on a thread of its own once the read `after` is over (whatever
-/// its outcome). `keep` owns every destination (the pieces' and the
-/// regions' memory): the thread holds it until the read is over, and the
-/// caller uses none of it until `wait` returns.
+/// does, once the read `after` is over (whatever its outcome). Into a
+/// device, a read queued while `after`'s chain of reads runs joins it: the
+/// engine goes on to it with no transfer's start and end in between.
+/// `keep` owns every destination (the pieces' and the regions' memory): the
+/// read holds it until it is over, and the caller uses none of it until
+/// `wait` returns.
 #[pyfunction]
 #[pyo3(signature = (device, sources, pieces, stream, regions, keep, after=None))]
 #[allow(clippy::too_many_arguments)]
@@ -80,44 +86,88 @@ pub fn read_queued(
 ) -> PyResult<QueuedRead> {
     let place = Place::parse(device)?;
     let engine = py.detach(|| engine(place))?;
-    let before = after.map(|read| read.get().outcome.clone());
     let outcome = Arc::new(Outcome::default());
+    let after = after.as_ref().map(Py::get);
+    let before = after.map(|read| read.outcome.clone());
+    let files = sources.get().files.clone();
+    if place == Place::Host {
+        let mine = outcome.clone();
+        spawn(before, move || {
+            // SAFETY: `keep` owns the destinations, live host memory, and
+            // holds them until this closure ends; the caller touches none
+            // of it until `wait` returns.
+            let read = catch_unwind(AssertUnwindSafe(|| unsafe {
+                read_pieces(&engine, place, &files, &pieces, stream, regions, None)
+            }));
+            let read = read
+                .unwrap_or_else(|_| Err(Error::new(ErrorKind::Io, "a read-ahead read panicked")));
+            mine.finish(read.map(|stats| to_json(&stats)));
+            // Dropped without the GIL: Python releases it when it next
+            // runs zerohop's code.
+            drop(keep);
+        })?;
+        return Ok(QueuedRead {
+            outcome,
+            chain: None,
+        });
+    }
     let mine = outcome.clone();
+    let on_arrival: OnArrival = Box::new(move |read| {
+        mine.finish(read.map(|stats| to_json(&stats)));
+        drop(keep);
+    });
+    let read = py
+        .detach(|| {
+            // SAFETY: `keep` owns the destinations, live memory of `device`,
+            // and holds them until the read is over (`on_arrival` owns it);
+            // the caller touches none of it until `wait` returns.
+            let plan = unsafe { plan_pieces(&engine, &files, &pieces, stream, regions) }?;
+            engine.plan_chained(&files, plan, on_arrival)
+        })
+        .map_err(to_py)?;
+    let running = after
+        .and_then(|a| a.chain.as_ref())
+        .filter(|(p, chain)| *p == place && Arc::ptr_eq(chain.files(), &files));
+    let read = match running {
+        Some((_, chain)) => match chain.join(read) {
+            Ok(()) => {
+                return Ok(QueuedRead {
+                    outcome,
+                    chain: Some((place, chain.clone())),
+                })
+            }
+            Err(read) => read,
+        },
+        None => read,
+    };
+    // A chain of its own, run once the read before it is over.
+    let chain = Arc::new(ReadChain::new(files));
+    if chain.join(read).is_err() {
+        unreachable!("a new chain takes a read");
+    }
+    let running = chain.clone();
+    spawn(before, move || engine.run_chain(&running))?;
+    Ok(QueuedRead {
+        outcome,
+        chain: Some((place, chain)),
+    })
+}
+
+/// Runs `read` on a thread of its own once `before` is over.
+fn spawn(before: Option<Arc<Outcome>>, read: impl FnOnce() + Send + 'static) -> PyResult<()> {
     std::thread::Builder::new()
         .name("zerohop-read-ahead".into())
         .spawn(move || {
             if let Some(before) = before {
                 drop(before.wait_over());
             }
-            let read = catch_unwind(AssertUnwindSafe(|| {
-                // SAFETY: `keep` owns the destinations, live memory of
-                // `device`, and holds them until this thread ends; the
-                // caller touches none of it until `wait` returns.
-                unsafe {
-                    read_pieces(
-                        &engine,
-                        place,
-                        &sources.get().files,
-                        &pieces,
-                        stream,
-                        regions,
-                        None,
-                    )
-                }
-            }));
-            let outcome = read
-                .unwrap_or_else(|_| Err(Error::new(ErrorKind::Io, "a read-ahead read panicked")))
-                .map(|stats| to_json(&stats));
-            mine.finish(outcome);
-            // Dropped without the GIL: Python releases them when it next
-            // runs zerohop's code.
-            drop((keep, sources));
+            read();
         })
+        .map(drop)
         .map_err(|e| {
             to_py(Error::new(
                 ErrorKind::Io,
                 format!("starting a read-ahead thread: {e}"),
             ))
-        })?;
-    Ok(QueuedRead { outcome })
+        })
 }

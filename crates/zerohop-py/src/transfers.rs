@@ -6,6 +6,7 @@ use crate::progress::Reporter;
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use zerohop::machine::MachineInfo;
 use zerohop::plan::{region_holding, TransferPlan};
 use zerohop::safetensors::{read_header, save_safetensors as save_file, Dtype, TensorToSave};
@@ -81,7 +82,8 @@ pub fn object_stamp(py: Python<'_>, url: String) -> PyResult<(u64, String)> {
 /// each read skips opening them again, and a file is mapped once.
 #[pyclass(frozen)]
 pub struct Sources {
-    pub(crate) files: Vec<SourceFile>,
+    /// Shared with the reads chained over them (see `read_ahead`).
+    pub(crate) files: Arc<Vec<SourceFile>>,
 }
 
 #[pymethods]
@@ -91,7 +93,9 @@ impl Sources {
         let files = py
             .detach(|| zerohop_names::open_sources(&paths))
             .map_err(to_py)?;
-        Ok(Sources { files })
+        Ok(Sources {
+            files: Arc::new(files),
+        })
     }
 }
 
@@ -170,19 +174,39 @@ pub unsafe fn read_pieces(
     if place == Place::Host {
         return read_to_host(engine, files, pieces, progress);
     }
+    // SAFETY: forwarded from this function's contract.
+    let plan = unsafe { plan_pieces(engine, files, pieces, stream, regions) }?;
+    engine.transfer(files, &plan, progress)
+}
+
+/// The plan of a read of `pieces` (file index, file offset, bytes,
+/// address) of `files` into memory of `engine`'s device; a piece inside one
+/// of `regions` goes into it. The plan keeps the destinations' buffers (on
+/// the simulated device, registrations) alive.
+///
+/// # Safety
+///
+/// Every piece's range, and every region, is live memory of the engine's
+/// device (of `stream`'s device) that nothing else uses until a transfer of
+/// the plan is over.
+pub unsafe fn plan_pieces(
+    engine: &Engine,
+    files: &[SourceFile],
+    pieces: &[(usize, u64, u64, u64)],
+    stream: Option<u64>,
+    regions: Option<Vec<(u64, u64)>>,
+) -> Result<TransferPlan> {
     let mut plan = TransferPlan::new();
-    // A plan holds addresses only; the buffers (on the simulated device,
-    // registrations) must live until the transfer is done.
     let mut regions = regions.unwrap_or_default();
     regions.sort_unstable();
     let mut region_buffers = vec![None; regions.len()];
-    let mut targets = Vec::with_capacity(pieces.len());
     for &(file, offset, len, addr) in pieces.iter().filter(|p| p.2 > 0) {
         match region_holding(&regions, addr, len) {
             Some(k) => {
                 let (base, n) = regions[k];
                 if region_buffers[k].is_none() {
-                    // SAFETY: the caller's regions are live memory of `place`.
+                    // SAFETY: the caller's regions are live memory of the
+                    // engine's device.
                     region_buffers[k] =
                         Some(unsafe { engine.device().borrow(base, n as usize, stream) }?);
                 }
@@ -190,14 +214,14 @@ pub unsafe fn read_pieces(
                 plan.add(files, file, offset, len, buf, addr - base)?;
             }
             None => {
-                // SAFETY: the caller's pieces are live memory of `place`.
+                // SAFETY: the caller's pieces are live memory of the
+                // engine's device.
                 let buf = unsafe { engine.device().borrow(addr, len as usize, stream) }?;
                 plan.add(files, file, offset, len, &buf, 0)?;
-                targets.push(buf);
             }
         }
     }
-    engine.transfer(files, &plan, progress)
+    Ok(plan)
 }
 
 /// Host destinations are read into in place, no staging and no device.

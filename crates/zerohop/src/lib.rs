@@ -29,6 +29,9 @@ pub mod testing;
 
 pub use device::{open_device, Device, DeviceBuffer, DeviceKind, DeviceName};
 pub use engine::hot_choice;
-pub use engine::{DirectIo, Engine, EngineConfig, HotRoute, Progress, ReadCheck, WriteFilter};
+pub use engine::{
+    DirectIo, Engine, EngineConfig, HotRoute, OnArrival, PlannedRead, Progress, ReadChain,
+    ReadCheck, WriteFilter,
+};
 pub use error::{Error, ErrorKind, Result};
 pub use stats::{Direction, TransferStats, WorkerProfile};

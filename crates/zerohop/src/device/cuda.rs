@@ -351,6 +351,11 @@ impl Fence for CudaFence {
         }
         event.synchronize().map_err(Error::from)
     }
+
+    fn passed(&self) -> Result<bool> {
+        let event = self.event.as_ref().expect("a live fence has its event");
+        event.query().map_err(Error::from)
+    }
 }
 
 impl Drop for CudaFence {

@@ -238,6 +238,10 @@ impl Fence for Passed {
     fn wait(&self) -> Result<()> {
         Ok(())
     }
+
+    fn passed(&self) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

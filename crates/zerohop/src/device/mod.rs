@@ -88,6 +88,11 @@ pub trait StagingMemory: Send + Sync {
 pub trait Fence: Send {
     /// Blocks until every copy queued before this fence has finished.
     fn wait(&self) -> Result<()>;
+
+    /// Whether every copy queued before this fence has finished, without
+    /// waiting; a failed copy is an error, as from `wait`. Asked only on
+    /// the thread that recorded the fence.
+    fn passed(&self) -> Result<bool>;
 }
 
 /// An ordered queue of asynchronous copies (a CUDA stream). Dropping a

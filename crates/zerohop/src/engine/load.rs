@@ -8,17 +8,31 @@ use super::hot_choice::{self, HotChoice};
 use super::page_cache_dma;
 use super::read_pipeline::{self, Job, Moved, ReadCheck, Worker};
 use super::route::{FileRoute, NO_DMA_NOTE};
+use super::work::{PlannedRead, Work};
 use super::workers::Progress;
 use super::Engine;
 use crate::device::{wait_for_buffer_streams, DeviceAddr};
 use crate::plan::{
     mapped_payload, split_extents, taper, work_items, Extent, Route, TransferPlan, WindowCaps,
+    WorkItem,
 };
-use crate::staging::StagingPool;
+use crate::staging::{StagingPool, StagingShare};
 use crate::stats::TransferStats;
 use crate::storage::SourceFile;
 use crate::Result;
+use std::ops::Range;
 use std::time::Instant;
+
+/// A read's windows and claims, and the workers to run them (see
+/// [`Engine::plan_phase`]).
+pub(super) struct PhasePlan {
+    pub items: Vec<WorkItem>,
+    pub claims: Vec<Range<usize>>,
+    pub workers: usize,
+    /// Staging slots each worker needs at least.
+    pub min_slots: usize,
+    pub notes: Vec<String>,
+}
 
 /// What one or more pipeline runs of a transfer did.
 #[derive(Default)]
@@ -217,9 +231,85 @@ impl Engine {
         progress: Option<Progress<'_>>,
     ) -> Result<Phase> {
         let started = Instant::now();
+        let planned = self.plan_phase(
+            files,
+            extents,
+            route_of,
+            pool.config().slot_bytes as u64,
+            check,
+        );
+        let windows = planned.items.len();
+        let staging_seconds = pool.allocate(self.device.as_ref())?;
+        let shares =
+            pool.worker_shares(planned.workers.min(planned.claims.len()), planned.min_slots);
+        let threads = shares.len();
+        let work = Work::whole(PlannedRead::whole(
+            planned.items,
+            planned.claims,
+            regions.to_vec(),
+        ));
+        let (moved, pin_refusal) =
+            self.run_pipeline(files, &work, shares, started, check, progress)?;
+        let mut notes = planned.notes;
+        if let Some(why) = pin_refusal {
+            notes.push(format!(
+                "page-cache DMA could not pin pages ({why}); those windows were staged instead"
+            ));
+        }
+        Ok(Phase {
+            moved,
+            windows,
+            threads,
+            notes,
+            staging_seconds,
+        })
+    }
+
+    /// Runs the read pipeline over `work` on a worker per share. Returns
+    /// the bytes moved, and why page-cache DMA windows fell back to
+    /// staging if any did.
+    pub(super) fn run_pipeline(
+        &self,
+        files: &[SourceFile],
+        work: &Work,
+        shares: Vec<StagingShare<'_>>,
+        started: Instant,
+        check: Option<ReadCheck<'_>>,
+        progress: Option<Progress<'_>>,
+    ) -> Result<(Moved, Option<String>)> {
+        // A sole worker runs on the calling thread, and its mapped copies
+        // are shared with the crew.
+        let crew = (shares.len() == 1).then_some(&self.crew);
+        // Each worker makes its copy queue and reader on its own thread.
+        let workers = shares.into_iter().map(|slots| Worker { slots }).collect();
+        let job = Job {
+            device: self.device.as_ref(),
+            queues: &self.queues,
+            started,
+            backend: self.backend.as_ref(),
+            files,
+            work,
+            check,
+            progress,
+            crew,
+        };
+        read_pipeline::run(&job, workers)
+    }
+
+    /// The windows and claims of a read of `extents`, each file taking
+    /// `route_of(file)` (or the staged route where it cannot be mapped),
+    /// and the workers to run them: the same for a transfer's phase and a
+    /// chained read.
+    pub(super) fn plan_phase(
+        &self,
+        files: &[SourceFile],
+        extents: &[Extent],
+        route_of: impl Fn(usize) -> Route,
+        slot: u64,
+        check: Option<ReadCheck<'_>>,
+    ) -> PhasePlan {
         let mut routes: Vec<Route> = (0..files.len()).map(route_of).collect();
-        let (maps, mut notes) = page_cache_dma::map_files(files, extents, &mut routes);
-        let slot = pool.config().slot_bytes as u64;
+        let notes = page_cache_dma::map_files(files, extents, &mut routes);
         let caps = WindowCaps {
             slot,
             // A check sees whole slots, whatever the route (restores check
@@ -263,7 +353,6 @@ impl Engine {
                 (taper(items, gather.tail, gather.tail_most), Some(gather))
             }
         };
-        let windows = items.len();
         let claims = super::claims::claims(
             &items,
             files,
@@ -271,40 +360,12 @@ impl Engine {
             workers,
             gather,
         );
-        let staging_seconds = pool.allocate(self.device.as_ref())?;
-        let shares = pool.worker_shares(workers.min(claims.len()), min_slots);
-        let threads = shares.len();
-        // A sole worker runs on the calling thread, and its mapped copies
-        // are shared with the crew.
-        let crew = (threads == 1).then_some(&self.crew);
-        // Each worker makes its copy queue and reader on its own thread.
-        let workers = shares.into_iter().map(|slots| Worker { slots }).collect();
-        let job = Job {
-            device: self.device.as_ref(),
-            queues: &self.queues,
-            started,
-            backend: self.backend.as_ref(),
-            files,
-            maps: &maps,
-            regions,
+        PhasePlan {
             items,
             claims,
-            check,
-            progress,
-            crew,
-        };
-        let (moved, pin_refusal) = read_pipeline::run(&job, workers)?;
-        if let Some(why) = pin_refusal {
-            notes.push(format!(
-                "page-cache DMA could not pin pages ({why}); those windows were staged instead"
-            ));
-        }
-        Ok(Phase {
-            moved,
-            windows,
-            threads,
+            workers,
+            min_slots,
             notes,
-            staging_seconds,
-        })
+        }
     }
 }

@@ -2,10 +2,12 @@
 //! write backends. Its rooms: `route` chooses each file's route; `load`
 //! runs loads through `read_pipeline` (measuring the hot route first where
 //! it must, remembered in `hot_choice`), for which `page_cache_dma` maps
-//! the files of the mapped-copy and page-cache DMA routes; `write` runs
-//! saves through `write_pipeline`; `workers` is what the two pipelines
-//! share; `config` the settings.
+//! the files of the mapped-copy and page-cache DMA routes, and takes its
+//! claims off a `work`; `chain` lets reads join one pipeline run; `write`
+//! runs saves through `write_pipeline`; `workers` is what the two
+//! pipelines share; `config` the settings.
 
+mod chain;
 mod claims;
 mod config;
 pub mod hot_choice;
@@ -13,12 +15,15 @@ mod load;
 mod page_cache_dma;
 mod read_pipeline;
 mod route;
+mod work;
 mod workers;
 mod write;
 mod write_pipeline;
 
+pub use chain::ReadChain;
 pub use config::{DirectIo, EngineConfig, HotRoute};
 pub use read_pipeline::ReadCheck;
+pub use work::{OnArrival, PlannedRead};
 pub use workers::Progress;
 pub use write_pipeline::WriteFilter;
 

@@ -12,46 +12,39 @@
 //! `GuardedMapping`).
 
 use crate::plan::{Extent, Route, STAGED};
-use crate::storage::{GuardedMapping, SourceFile};
+use crate::storage::SourceFile;
 
-/// The mapping of every file whose route reads one (mapped copies,
-/// page-cache DMA) and that `extents` read (made once per file, see
-/// [`SourceFile::mapping`]). A file that cannot be mapped takes the staged
-/// route instead, and a note says so.
-pub(super) fn map_files<'f>(
-    files: &'f [SourceFile],
+/// Maps every file whose route reads a mapping (mapped copies, page-cache
+/// DMA) and that `extents` read (once per file, see
+/// [`SourceFile::mapping`]): the read pipeline copies out of those. A file
+/// that cannot be mapped takes the staged route instead; the notes say so.
+pub(super) fn map_files(
+    files: &[SourceFile],
     extents: &[Extent],
     routes: &mut [Route],
-) -> (Vec<Option<&'f GuardedMapping>>, Vec<String>) {
+) -> Vec<String> {
     let mut used = vec![false; files.len()];
     for e in extents {
         used[e.file] = true;
     }
     let mut notes = Vec::new();
-    let maps = files
-        .iter()
-        .zip(routes.iter_mut())
-        .zip(used)
-        .map(|((f, r), used)| {
-            if !r.maps_file() || f.is_empty() || !used {
-                return None;
-            }
-            if f.remote().is_some() {
-                *r = STAGED;
-                return None;
-            }
-            f.mapping()
-                .map_err(|why| {
-                    notes.push(format!(
-                        "{}: cannot map the file ({why}); read into staging slots instead",
-                        f.path().display()
-                    ));
-                    *r = STAGED;
-                })
-                .ok()
-        })
-        .collect();
-    (maps, notes)
+    for ((f, r), used) in files.iter().zip(routes.iter_mut()).zip(used) {
+        if !r.maps_file() || f.is_empty() || !used {
+            continue;
+        }
+        if f.remote().is_some() {
+            *r = STAGED;
+            continue;
+        }
+        if let Err(why) = f.mapping() {
+            notes.push(format!(
+                "{}: cannot map the file ({why}); read into staging slots instead",
+                f.path().display()
+            ));
+            *r = STAGED;
+        }
+    }
+    notes
 }
 
 /// Maps a window's pages into our page tables before registration, which

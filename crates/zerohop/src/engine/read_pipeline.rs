@@ -7,8 +7,15 @@
 //! and lets the device copy straight from them (or stages the window when the
 //! pages cannot be pinned). Before a worker returns, every fence it recorded
 //! has been waited for: no copy outlives the memory it reads.
+//!
+//! Workers take claims off a [`Work`]: one transfer's, or a chain's that
+//! more reads join while it runs. A worker tells a read that a claim of
+//! its has arrived once the claim's last fence has passed (asked without
+//! waiting after every claim), and waits for all its copies to arrive
+//! before it waits for more reads.
 
 use super::page_cache_dma::populate;
+use super::work::{PlannedRead, Work};
 use super::workers::{assert_fits, run_workers, Progress, QueuePool};
 use crate::crew::Crew;
 use crate::device::{CopyQueue, Device, DeviceAddr, Fence, HostPin};
@@ -18,9 +25,8 @@ use crate::stats::WorkerProfile;
 use crate::storage::{BlockReader, GuardedMapping, IoMode, ReadBackend, RemoteStream, SourceFile};
 use crate::{Error, ErrorKind, Result};
 use std::collections::VecDeque;
-use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Byte counts one worker moved, by route, and where its time went.
@@ -59,16 +65,12 @@ pub(super) struct Job<'a> {
     /// When the pipeline started (see `WorkerProfile::start_seconds`).
     pub started: Instant,
     pub backend: &'a dyn ReadBackend,
+    /// The files every read of `work` reads; those of the mapped-copy and
+    /// page-cache DMA routes were mapped when the reads were planned.
     pub files: &'a [SourceFile],
-    /// Read-only mappings of the files that take the mapped-copy or the
-    /// page-cache DMA route.
-    pub maps: &'a [Option<&'a GuardedMapping>],
-    /// The destinations' buffers, sorted (see `TransferPlan::buffer_ranges`).
-    pub regions: &'a [(DeviceAddr, u64)],
-    pub items: Vec<WorkItem>,
-    /// What a worker takes at a time: ranges of `items` (see
-    /// [`super::claims::claims`]).
-    pub claims: Vec<Range<usize>>,
+    /// The reads, with what a worker takes at a time: ranges of a read's
+    /// items (see [`super::claims::claims`]).
+    pub work: &'a Work,
     pub check: Option<ReadCheck<'a>>,
     pub progress: Option<Progress<'a>>,
     /// Helpers that share each mapped copy: for a job of one worker only
@@ -78,8 +80,6 @@ pub(super) struct Job<'a> {
 
 struct Shared<'a> {
     job: &'a Job<'a>,
-    /// The next of `job.claims` to take.
-    next: AtomicUsize,
     abort: AtomicBool,
     /// Why pinning a DMA window failed, the first time it did.
     pin_refusal: Mutex<Option<String>>,
@@ -99,6 +99,16 @@ struct Equipment<'s> {
     reader: Option<Box<dyn BlockReader>>,
     /// The current claim's stream, where its windows are a remote object's.
     stream: Option<RemoteStream>,
+    /// Fences recorded so far: a claim that recorded one arrives with it.
+    fences: usize,
+}
+
+/// Copies queued and not yet known to have finished.
+struct Pending {
+    fence: Box<dyn Fence>,
+    held: Held,
+    /// The read one of whose claims has arrived when this fence passes.
+    arrives: Option<Arc<PlannedRead>>,
 }
 
 /// What a pending fence releases when it passes.
@@ -116,10 +126,10 @@ enum Held {
 pub(super) fn run(job: &Job<'_>, workers: Vec<Worker<'_>>) -> Result<(Moved, Option<String>)> {
     let shared = Shared {
         job,
-        next: AtomicUsize::new(0),
         abort: AtomicBool::new(false),
         pin_refusal: Mutex::new(None),
     };
+    job.work.start(workers.len());
     let mut total = Moved::default();
     for m in run_workers(workers, &shared.abort, |w| work(&shared, w))? {
         total.add(m);
@@ -133,20 +143,26 @@ fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
         queue: shared.job.queues.take(shared.job.device)?,
         reader: None,
         stream: None,
+        fences: 0,
     };
     let mut free = w.slots.all_free();
-    let mut pending: VecDeque<(Box<dyn Fence>, Held)> = VecDeque::new();
+    let mut pending: VecDeque<Pending> = VecDeque::new();
     let mut moved = Moved::default();
     let started = Instant::now();
     moved.profile.start_seconds = (started - shared.job.started).as_secs_f64();
     let result = run_items(shared, &mut w, &mut free, &mut pending, &mut moved);
+    if result.is_err() {
+        // Workers waiting for more reads return.
+        shared.job.work.stop();
+    }
     // Whatever happened, wait for every queued copy before the slots and
     // pinned pages can be reused or released.
     let mut drained = Ok(());
     let waited = Instant::now();
-    for (fence, _) in pending.drain(..) {
-        if let Err(e) = fence.wait() {
-            drained = drained.and(Err(e));
+    for p in pending.drain(..) {
+        match p.fence.wait() {
+            Ok(()) => arrived(shared.job, p.arrives),
+            Err(e) => drained = drained.and(Err(e)),
         }
     }
     moved.profile.copy_wait_seconds += waited.elapsed().as_secs_f64();
@@ -160,41 +176,104 @@ fn work(shared: &Shared<'_>, w: Worker<'_>) -> Result<Moved> {
     result.and(drained).map(|_| moved)
 }
 
-/// Takes claims off the job until none are left or a worker failed.
+/// Tells `read`, if any, that one of its claims has arrived; the last one
+/// tells its owner, once no file has changed.
+fn arrived(job: &Job<'_>, read: Option<Arc<PlannedRead>>) {
+    if let Some(read) = read {
+        read.claim_arrived(|| job.files.iter().try_for_each(SourceFile::check_unchanged));
+    }
+}
+
+/// Takes claims off the work until it is over or a worker failed.
 fn run_items(
     shared: &Shared<'_>,
     w: &mut Equipment<'_>,
     free: &mut Vec<usize>,
-    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    pending: &mut VecDeque<Pending>,
     moved: &mut Moved,
 ) -> Result<()> {
     let job = shared.job;
     while !shared.abort.load(Ordering::Relaxed) {
-        let c = shared.next.fetch_add(1, Ordering::Relaxed);
-        let Some(claim) = job.claims.get(c) else {
-            break;
-        };
-        let items = &job.items[claim.clone()];
-        // Without a check, which must see each window's file range in its
-        // slot, mapped copies move only the bytes their copies take (where
-        // those fit a slot: copies of one window may overlap in the file).
-        if items[0].route == Route::MappedCopy
-            && job.check.is_none()
-            && items.iter().map(|i| i.window.payload()).sum::<u64>() <= w.slots.slot_bytes() as u64
-        {
-            stage_gathered(w, free, pending, moved, job, items)?;
-            continue;
-        }
-        w.stream = open_stream(job, items)?;
-        for item in items {
-            if shared.abort.load(Ordering::Relaxed) {
-                break;
+        let (read, claim) = match job.work.take() {
+            Some(taken) => taken,
+            None => {
+                // A read waits for its last copies: this worker's arrive
+                // before it waits for reads to join.
+                while !pending.is_empty() {
+                    wait_oldest(job, pending, free, &mut moved.profile)?;
+                }
+                match job.work.wait_for_more() {
+                    Some(taken) => taken,
+                    None => break,
+                }
             }
-            run_item(shared, w, free, pending, moved, item)?;
+        };
+        read.wait_for_streams(job.device)?;
+        let fences = w.fences;
+        run_claim(shared, w, free, pending, moved, &read, &read.items[claim])?;
+        match pending.back_mut() {
+            Some(last) if w.fences > fences => last.arrives = Some(read),
+            _ => arrived(job, Some(read)),
         }
-        w.stream = None;
+        pass_arrived(job, pending, free)?;
     }
     Ok(())
+}
+
+/// Moves one claim's items.
+fn run_claim(
+    shared: &Shared<'_>,
+    w: &mut Equipment<'_>,
+    free: &mut Vec<usize>,
+    pending: &mut VecDeque<Pending>,
+    moved: &mut Moved,
+    read: &PlannedRead,
+    items: &[WorkItem],
+) -> Result<()> {
+    let job = shared.job;
+    // Without a check, which must see each window's file range in its
+    // slot, mapped copies move only the bytes their copies take (where
+    // those fit a slot: copies of one window may overlap in the file).
+    if items[0].route == Route::MappedCopy
+        && job.check.is_none()
+        && items.iter().map(|i| i.window.payload()).sum::<u64>() <= w.slots.slot_bytes() as u64
+    {
+        return stage_gathered(w, free, pending, moved, job, &read.regions, items);
+    }
+    w.stream = open_stream(job, items)?;
+    for item in items {
+        if shared.abort.load(Ordering::Relaxed) {
+            break;
+        }
+        run_item(shared, w, free, pending, moved, item)?;
+    }
+    w.stream = None;
+    Ok(())
+}
+
+/// Lets go of the oldest pending fences that have passed, without waiting.
+fn pass_arrived(
+    job: &Job<'_>,
+    pending: &mut VecDeque<Pending>,
+    free: &mut Vec<usize>,
+) -> Result<()> {
+    while let Some(p) = pending.front() {
+        if !p.fence.passed()? {
+            break;
+        }
+        let p = pending.pop_front().expect("just seen");
+        release(job, p, free);
+    }
+    Ok(())
+}
+
+/// What a passed fence held goes back: its slot to `free`, its pin
+/// dropped, and its read told of a claim's arrival.
+fn release(job: &Job<'_>, p: Pending, free: &mut Vec<usize>) {
+    if let Held::Slot(s) = p.held {
+        free.push(s);
+    }
+    arrived(job, p.arrives);
 }
 
 /// The stream a claim's windows are read from where they are a remote
@@ -227,7 +306,7 @@ fn run_item(
     shared: &Shared<'_>,
     w: &mut Equipment<'_>,
     free: &mut Vec<usize>,
-    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    pending: &mut VecDeque<Pending>,
     moved: &mut Moved,
     item: &WorkItem,
 ) -> Result<()> {
@@ -239,15 +318,13 @@ fn run_item(
         Route::PageCacheDma => {
             while pending
                 .iter()
-                .filter(|(_, h)| matches!(h, Held::Pin { .. }))
+                .filter(|p| matches!(p.held, Held::Pin { .. }))
                 .count()
                 >= MAX_DMA_IN_FLIGHT
             {
-                wait_oldest(pending, free, &mut moved.profile)?;
+                wait_oldest(job, pending, free, &mut moved.profile)?;
             }
-            let map = job.maps[win.file]
-                .as_ref()
-                .expect("DMA-route files are mapped");
+            let map = mapping(job, win.file);
             let (ptr, len) = map.range(win.start, win.read_len);
             assert!(len as u64 >= win.needed, "DMA window past the mapping");
             let pinning = Instant::now();
@@ -262,12 +339,14 @@ fn run_item(
                     // SAFETY: the pinned range covers every copy's source
                     // and stays pinned and mapped until the fence passes
                     // (or, on an error, until the queue is idle).
-                    let queued = unsafe {
-                        queue_copies(w.queue.as_ref(), ptr, &win.copies, &mut moved.profile)
-                    };
+                    let queued = unsafe { queue_copies(w, ptr, &win.copies, &mut moved.profile) };
                     match queued {
                         Ok(fence) => {
-                            pending.push_back((fence, Held::Pin { _pin: pin }));
+                            pending.push_back(Pending {
+                                fence,
+                                held: Held::Pin { _pin: pin },
+                                arrives: None,
+                            });
                             moved.page_cache_dma += win.payload();
                         }
                         Err(e) => {
@@ -308,21 +387,27 @@ fn run_item(
     Ok(())
 }
 
-/// Waits for the oldest pending fence and frees what it held.
+/// Waits for the oldest pending fence and releases what it held.
 fn wait_oldest(
-    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    job: &Job<'_>,
+    pending: &mut VecDeque<Pending>,
     free: &mut Vec<usize>,
     profile: &mut WorkerProfile,
 ) -> Result<()> {
-    let (fence, held) = pending.pop_front().expect("something is pending");
+    let p = pending.pop_front().expect("something is pending");
     let t = Instant::now();
-    let waited = fence.wait();
+    let waited = p.fence.wait();
     profile.copy_wait_seconds += t.elapsed().as_secs_f64();
     waited?;
-    if let Held::Slot(s) = held {
-        free.push(s);
-    }
+    release(job, p, free);
     Ok(())
+}
+
+/// The mapping of a file of the mapped-copy or page-cache DMA route.
+fn mapping<'j>(job: &Job<'j>, file: usize) -> &'j GuardedMapping {
+    job.files[file]
+        .mapping()
+        .expect("files of the mapped routes were mapped when their reads were planned")
 }
 
 /// How a staging slot is filled.
@@ -338,14 +423,14 @@ enum Fill {
 fn stage(
     w: &mut Equipment<'_>,
     free: &mut Vec<usize>,
-    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    pending: &mut VecDeque<Pending>,
     moved: &mut Moved,
     job: &Job<'_>,
     fill: Fill,
     win: &Window,
 ) -> Result<()> {
     let file = &job.files[win.file];
-    let slot = take_slot(w, free, pending, moved)?;
+    let slot = take_slot(job, w, free, pending, moved)?;
     let t = Instant::now();
     let read = match fill {
         Fill::Read(mode) => read_window(w, slot, job.backend, file, mode, win).map(Some),
@@ -375,8 +460,12 @@ fn stage(
     // SAFETY: the slot holds `win.needed` freshly read bytes, and it stays
     // untouched until the fence below has been waited for (it is on
     // `pending` and not in `free`).
-    let fence = unsafe { queue_copies(w.queue.as_ref(), base, &win.copies, &mut moved.profile)? };
-    pending.push_back((fence, Held::Slot(slot)));
+    let fence = unsafe { queue_copies(w, base, &win.copies, &mut moved.profile)? };
+    pending.push_back(Pending {
+        fence,
+        held: Held::Slot(slot),
+        arrives: None,
+    });
     match used {
         Some(_) if file.local_fds().is_none() => moved.remote += win.payload(),
         Some(IoMode::Direct) => moved.direct += win.payload(),
@@ -389,16 +478,17 @@ fn stage(
 /// A free slot, ready for use: the oldest pending copies are waited for
 /// until one is.
 fn take_slot(
+    job: &Job<'_>,
     w: &mut Equipment<'_>,
     free: &mut Vec<usize>,
-    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    pending: &mut VecDeque<Pending>,
     moved: &mut Moved,
 ) -> Result<usize> {
     let slot = loop {
         if let Some(slot) = w.slots.take(free, pending.is_empty()) {
             break slot;
         }
-        wait_oldest(pending, free, &mut moved.profile)?;
+        wait_oldest(job, pending, free, &mut moved.profile)?;
     };
     // The pool may still be making the slot ready (a new engine's first
     // transfer), which may write its pages: neither the CPU nor a copy
@@ -421,14 +511,15 @@ fn take_slot(
 fn stage_gathered(
     w: &mut Equipment<'_>,
     free: &mut Vec<usize>,
-    pending: &mut VecDeque<(Box<dyn Fence>, Held)>,
+    pending: &mut VecDeque<Pending>,
     moved: &mut Moved,
     job: &Job<'_>,
+    regions: &[(DeviceAddr, u64)],
     items: &[WorkItem],
 ) -> Result<()> {
-    let slot = take_slot(w, free, pending, moved)?;
+    let slot = take_slot(job, w, free, pending, moved)?;
     let t = Instant::now();
-    let gathered = gather_copies(w, slot, job, items);
+    let gathered = gather_copies(w, slot, job, regions, items);
     moved.profile.io_seconds += t.elapsed().as_secs_f64();
     let copies = match gathered {
         Ok(copies) => copies,
@@ -439,15 +530,13 @@ fn stage_gathered(
     };
     // SAFETY: the slot holds every copy's bytes, at its `window_offset`,
     // and stays untouched until the fence below has been waited for.
-    let fence = unsafe {
-        queue_copies(
-            w.queue.as_ref(),
-            w.slots.ptr(slot),
-            &copies,
-            &mut moved.profile,
-        )?
-    };
-    pending.push_back((fence, Held::Slot(slot)));
+    let base = w.slots.ptr(slot);
+    let fence = unsafe { queue_copies(w, base, &copies, &mut moved.profile)? };
+    pending.push_back(Pending {
+        fence,
+        held: Held::Slot(slot),
+        arrives: None,
+    });
     for item in items {
         moved.mapped += item.window.payload();
         if let Some(p) = job.progress {
@@ -464,15 +553,14 @@ fn gather_copies(
     w: &mut Equipment<'_>,
     slot: usize,
     job: &Job<'_>,
+    regions: &[(DeviceAddr, u64)],
     items: &[WorkItem],
 ) -> Result<Vec<WindowCopy>> {
     let (base, room) = (w.slots.ptr(slot), w.slots.slot_bytes() as u64);
     let mut out: Vec<WindowCopy> = Vec::new();
     let mut at = 0;
     for win in items.iter().map(|i| &i.window) {
-        let map = job.maps[win.file]
-            .as_ref()
-            .expect("mapped-copy files are mapped");
+        let map = mapping(job, win.file);
         for c in &win.copies {
             assert!(at + c.len <= room, "gathered copies larger than a slot");
             // SAFETY: this worker owns the slot exclusively and no copy
@@ -488,7 +576,7 @@ fn gather_copies(
             match out.last_mut() {
                 Some(p)
                     if p.dst + p.len == c.dst
-                        && region_holding(job.regions, p.dst, p.len + c.len).is_some() =>
+                        && region_holding(regions, p.dst, p.len + c.len).is_some() =>
                 {
                     p.len += c.len
                 }
@@ -508,9 +596,7 @@ fn gather_copies(
 fn copy_window(w: &mut Equipment<'_>, slot: usize, job: &Job<'_>, win: &Window) -> Result<()> {
     assert_fits(win, w.slots.slot_bytes());
     let file = &job.files[win.file];
-    let map = job.maps[win.file]
-        .as_ref()
-        .expect("mapped-copy files are mapped");
+    let map = mapping(job, win.file);
     // SAFETY: this worker owns the slot exclusively and no copy reads it now
     // (its last fence has passed), so a unique mutable view is sound.
     let buf = unsafe { std::slice::from_raw_parts_mut(w.slots.ptr(slot), win.needed as usize) };
@@ -614,13 +700,14 @@ fn short_read(file: &SourceFile, win: &Window, got: usize) -> Result<()> {
     Ok(())
 }
 
-/// Queues a window's copies and returns the fence behind them.
+/// Queues a window's copies on the worker's queue and returns the fence
+/// behind them.
 ///
 /// # Safety
 /// `base + c.window_offset .. + c.len` must be readable for every copy and
 /// stay unchanged until the returned fence has passed.
 unsafe fn queue_copies(
-    queue: &dyn CopyQueue,
+    w: &mut Equipment<'_>,
     base: *const u8,
     copies: &[WindowCopy],
     profile: &mut WorkerProfile,
@@ -629,9 +716,13 @@ unsafe fn queue_copies(
     for c in copies {
         // SAFETY: forwarded from this function's contract; destinations were
         // bounds-checked when the plan was built.
-        unsafe { queue.copy_to_device(base.add(c.window_offset as usize), c.dst, c.len as usize)? };
+        unsafe {
+            w.queue
+                .copy_to_device(base.add(c.window_offset as usize), c.dst, c.len as usize)?
+        };
     }
-    let fence = queue.record();
+    let fence = w.queue.record()?;
+    w.fences += 1;
     profile.queue_seconds += t.elapsed().as_secs_f64();
-    fence
+    Ok(fence)
 }

@@ -625,10 +625,22 @@ impl Fence for SimFence {
         while g.is_none() {
             g = self.0.cv.wait(g).unwrap();
         }
-        match g.as_ref().unwrap() {
-            None => Ok(()),
-            Some(msg) => Err(Error::new(ErrorKind::Device, msg.clone())),
+        fence_outcome(g.as_ref().unwrap()).map(|_| ())
+    }
+
+    fn passed(&self) -> Result<bool> {
+        match self.0.outcome.lock().unwrap().as_ref() {
+            None => Ok(false),
+            Some(reached) => fence_outcome(reached),
         }
+    }
+}
+
+/// A reached fence's outcome: passed, or the error of a failed copy.
+fn fence_outcome(reached: &Option<String>) -> Result<bool> {
+    match reached {
+        None => Ok(true),
+        Some(msg) => Err(Error::new(ErrorKind::Device, msg.clone())),
     }
 }
 
