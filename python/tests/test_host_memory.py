@@ -482,21 +482,24 @@ def test_safe_open_reads_ahead_in_name_order_and_not_when_reads_jump(tmp_path, r
     assert reads == [10 * tensors[n].itemsize for n in jumps]
 
 
-def test_queued_reads_run_in_order_and_report_once(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", "sim"])
+def test_queued_reads_run_in_order_and_report_once(tmp_path, device):
+    # Into host memory each read is a transfer of its own; into a device
+    # (simulated: its copies land late) the second joins the first's run.
     from zerohop import _native
     data = np.arange(1 << 20, dtype=np.uint8)
     path = tmp_path / "bytes"
     data.tofile(path)
     sources = _native.Sources([str(path)])
     halves = [np.zeros(1 << 19, np.uint8) for _ in range(2)]
-    first = _native.read_queued("cpu", sources, [(0, 0, 1 << 19, halves[0].ctypes.data)], None, None, halves[0])
-    second = _native.read_queued("cpu", sources, [(0, 1 << 19, 1 << 19, halves[1].ctypes.data)], None, None,
+    first = _native.read_queued(device, sources, [(0, 0, 1 << 19, halves[0].ctypes.data)], None, None, halves[0])
+    second = _native.read_queued(device, sources, [(0, 1 << 19, 1 << 19, halves[1].ctypes.data)], None, None,
                                  halves[1], after=first)
     assert json.loads(second.wait())["bytes"] == 1 << 19
     assert json.loads(first.wait())["bytes"] == 1 << 19, "its outcome kept until taken"
     assert first.wait() is None and second.wait() is None, "an outcome is reported once"
     assert np.array_equal(np.concatenate(halves), data)
-    bad = _native.read_queued("cpu", sources, [(3, 0, 8, halves[0].ctypes.data)], None, None, halves[0], after=second)
+    bad = _native.read_queued(device, sources, [(3, 0, 8, halves[0].ctypes.data)], None, None, halves[0], after=second)
     with pytest.raises(ValueError, match="file index 3 out of range"):
         bad.wait()
 

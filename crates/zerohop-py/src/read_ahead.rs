@@ -116,15 +116,24 @@ pub fn read_queued(
         mine.finish(read.map(|stats| to_json(&stats)));
         drop(keep);
     });
-    let read = py
-        .detach(|| {
-            // SAFETY: `keep` owns the destinations, live memory of `device`,
-            // and holds them until the read is over (`on_arrival` owns it);
-            // the caller touches none of it until `wait` returns.
-            let plan = unsafe { plan_pieces(&engine, &files, &pieces, stream, regions) }?;
-            engine.plan_chained(&files, plan, on_arrival)
-        })
-        .map_err(to_py)?;
+    let planned = py.detach(|| {
+        // SAFETY: `keep` owns the destinations, live memory of `device`, and
+        // holds them until the read is over (`on_arrival` owns it); the
+        // caller touches none of it until `wait` returns.
+        let plan = unsafe { plan_pieces(&engine, &files, &pieces, stream, regions) }?;
+        engine.plan_chained(&files, plan, on_arrival)
+    });
+    let read = match planned {
+        Ok(read) => read,
+        Err(e) => {
+            // The read's error, raised by `wait` as a failed read's is.
+            outcome.finish(Err(e));
+            return Ok(QueuedRead {
+                outcome,
+                chain: None,
+            });
+        }
+    };
     let running = after
         .and_then(|a| a.chain.as_ref())
         .filter(|(p, chain)| *p == place && Arc::ptr_eq(chain.files(), &files));

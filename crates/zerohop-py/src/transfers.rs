@@ -168,10 +168,8 @@ pub unsafe fn read_pieces(
     regions: Option<Vec<(u64, u64)>>,
     progress: Option<Progress<'_>>,
 ) -> Result<TransferStats> {
-    if let Some(p) = pieces.iter().find(|p| p.0 >= files.len()) {
-        return Err(Error::invalid(format!("file index {} out of range", p.0)));
-    }
     if place == Place::Host {
+        check_file_indices(files, pieces)?;
         return read_to_host(engine, files, pieces, progress);
     }
     // SAFETY: forwarded from this function's contract.
@@ -196,6 +194,7 @@ pub unsafe fn plan_pieces(
     stream: Option<u64>,
     regions: Option<Vec<(u64, u64)>>,
 ) -> Result<TransferPlan> {
+    check_file_indices(files, pieces)?;
     let mut plan = TransferPlan::new();
     let mut regions = regions.unwrap_or_default();
     regions.sort_unstable();
@@ -222,6 +221,14 @@ pub unsafe fn plan_pieces(
         }
     }
     Ok(plan)
+}
+
+/// Refuses pieces of files that are not there.
+fn check_file_indices(files: &[SourceFile], pieces: &[(usize, u64, u64, u64)]) -> Result<()> {
+    match pieces.iter().find(|p| p.0 >= files.len()) {
+        Some(p) => Err(Error::invalid(format!("file index {} out of range", p.0))),
+        None => Ok(()),
+    }
 }
 
 /// Host destinations are read into in place, no staging and no device.
