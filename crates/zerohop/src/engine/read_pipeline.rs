@@ -211,6 +211,9 @@ fn run_items(
         read.wait_for_streams(job.device)?;
         let fences = w.fences;
         run_claim(shared, w, free, pending, moved, &read, &read.items[claim])?;
+        if shared.abort.load(Ordering::Relaxed) {
+            break; // the claim may be cut short: it never arrives
+        }
         match pending.back_mut() {
             Some(last) if w.fences > fences => last.arrives = Some(read),
             _ => arrived(job, Some(read)),
