@@ -1,9 +1,12 @@
 //! Restoring: streams a checkpoint's data through the engine's read
-//! pipeline into device memory, checking every chunk's checksum in the
-//! staging slot before it is copied on.
+//! pipeline into device memory, and checks every chunk's checksum: on the
+//! device, where its kernel can hash the chunks where they landed, so the
+//! host reads the bytes only to move them; else in the staging slot, before
+//! the chunk is copied on.
 
+use crate::checksums;
 use crate::location::Location;
-use crate::manifest::{chunk_checksum, Manifest, Piece};
+use crate::manifest::{checksum_hex, chunk_checksum, Manifest, Piece};
 use crate::save::check_geometry;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -113,6 +116,12 @@ fn restore_entries(
     let mut plan = TransferPlan::new();
     // Per opened file, the chunks read from it, by offset.
     let mut expected: Vec<Vec<Expected>> = (0..sources.files.len()).map(|_| Vec::new()).collect();
+    // Per chunk, in manifest order, the device memory it lands in, for the
+    // device to hash; None where the device cannot hash, or where a chunk
+    // holds bytes that land nowhere (between entries).
+    let mut landed: Option<Vec<Vec<DeviceBuffer>>> = checksums::device_can_hash(engine)
+        .is_ok()
+        .then(|| Vec::with_capacity(m.chunks.len()));
     // Per data file, the entries' pieces in it: (entry, piece, where the
     // piece starts in its entry), by offset.
     let mut by_file: Vec<Vec<(usize, Piece, u64)>> = vec![Vec::new(); m.files.len()];
@@ -135,6 +144,7 @@ fn restore_entries(
         // The pieces this chunk overlaps; each comes from `src`.
         let pieces = &by_file[c.file];
         let first = pieces.partition_point(|(_, p, _)| p.offset + p.bytes <= c.offset);
+        let mut lands = Vec::new();
         for &(i, p, at) in pieces[first..]
             .iter()
             .take_while(|(_, p, _)| p.offset < c.offset + c.len)
@@ -142,14 +152,41 @@ fn restore_entries(
             let from = c.offset.max(p.offset);
             let to = (c.offset + c.len).min(p.offset + p.bytes);
             if from < to {
-                plan.add(
-                    &sources.files,
-                    src,
-                    from,
-                    to - from,
-                    &targets[i],
-                    at + from - p.offset,
-                )?;
+                let into = at + from - p.offset;
+                plan.add(&sources.files, src, from, to - from, &targets[i], into)?;
+                if landed.is_some() {
+                    lands.push(targets[i].slice(into as usize, (to - from) as usize)?);
+                }
+            }
+        }
+        if lands.iter().map(|b| b.len() as u64).sum::<u64>() != c.len {
+            landed = None;
+        }
+        if let Some(landed) = &mut landed {
+            landed.push(lands);
+        }
+    }
+    let mut fell_back = None;
+    if let Some(landed) = landed {
+        let mut stats = engine.transfer(&sources.files, &plan, progress)?;
+        match checksums::on_device(engine, &landed) {
+            Ok((sums, seconds)) => {
+                if let Some(ci) =
+                    (0..m.chunks.len()).find(|&ci| checksum_hex(sums[ci]) != m.chunks[ci].xxh3)
+                {
+                    return Err(m.damaged_chunk(at, ci));
+                }
+                stats.notes.push(format!(
+                    "every chunk checked on the device after the transfer, in {:.1} ms",
+                    seconds * 1e3
+                ));
+                return Ok(stats);
+            }
+            // Read again, checking each chunk in staging.
+            Err(e) => {
+                fell_back = Some(format!(
+                    "the device's hashing failed ({e}); read again, every chunk checked in staging"
+                ))
             }
         }
     }
@@ -167,7 +204,7 @@ fn restore_entries(
         }
         Ok(())
     };
-    let stats = engine.transfer_checked(&sources.files, &plan, &check, progress)?;
+    let mut stats = engine.transfer_checked(&sources.files, &plan, &check, progress)?;
     let n = verified.into_inner();
     if n != m.chunks.len() {
         return Err(Error::new(
@@ -175,6 +212,7 @@ fn restore_entries(
             format!("{at}: only {n} of {} chunks were verified", m.chunks.len()),
         ));
     }
+    stats.notes.extend(fell_back);
     Ok(stats)
 }
 

@@ -323,13 +323,17 @@ fn damage_is_found_and_named() {
     }
 }
 
-/// A restore of files in the page cache copies them out of their mapping
-/// in whole slots (the engine's mapped windows are smaller than a chunk),
-/// checking every chunk: the bytes come back, and a flipped one is found.
+/// Where the device cannot hash, a restore of files in the page cache
+/// copies them out of their mapping in whole slots (the engine's mapped
+/// windows are smaller than a chunk), checking every chunk there: the bytes
+/// come back, and a flipped one is found.
 #[test]
 fn a_restore_from_the_page_cache_copies_from_the_mapping_and_checks_every_chunk() {
     let dir = TestDir::new("mapped-restore");
-    let e = engine();
+    let e = engine_on(SimConfig {
+        no_checksum_kernel: true,
+        ..SimConfig::default()
+    });
     let (regions, data) = regions(&e, 5);
     let ck = dir.path("c");
     let m = save(&e, &regions, &ck, &opts(), None).unwrap().manifest;
@@ -345,6 +349,53 @@ fn a_restore_from_the_page_cache_copies_from_the_mapping_and_checks_every_chunk(
     let err = restore(&e, &ck, None).err().unwrap();
     assert_eq!(err.kind(), ErrorKind::Integrity, "{err}");
     assert!(err.to_string().contains("\"t.6\""), "{err}");
+}
+
+/// A restore checks every chunk on the device where it can hash them, in
+/// staging where it cannot, and reads again, checking in staging, where the
+/// device's hashing fails: each way the bytes come back, a flipped byte is
+/// found and named, and the report says where the chunks were checked.
+#[test]
+fn restores_check_every_chunk_on_the_device_or_in_staging() {
+    let dir = TestDir::new("restore-checks");
+    let e = engine();
+    let (regions, data) = regions(&e, 11);
+    let ck = dir.path("c");
+    let m = save(&e, &regions, &ck, &opts(), None).unwrap().manifest;
+    let big = m.entries.iter().find(|x| x.name == "t.6").unwrap();
+    let data_file = ck.join(&m.files[big.file].name);
+    let ways = [
+        (SimConfig::default(), Some("on the device")),
+        (
+            SimConfig {
+                no_checksum_kernel: true,
+                ..SimConfig::default()
+            },
+            None,
+        ),
+        (
+            SimConfig {
+                fail_checksums: true,
+                ..SimConfig::default()
+            },
+            Some("hashing failed"),
+        ),
+    ];
+    for (sim, note) in ways {
+        let e = engine_on(sim);
+        let r = restore(&e, &ck, None).unwrap();
+        assert_restored(&e, &r, &regions, &data);
+        let noted = r.stats.notes.iter().find(|n| n.contains("chunk"));
+        assert_eq!(noted.is_some(), note.is_some(), "{:?}", r.stats.notes);
+        if let (Some(noted), Some(note)) = (noted, note) {
+            assert!(noted.contains(note), "{noted}");
+        }
+        flip(&data_file, big.offset + 30_000);
+        let err = restore(&e, &ck, None).err().unwrap();
+        flip(&data_file, big.offset + 30_000);
+        assert_eq!(err.kind(), ErrorKind::Integrity, "{err}");
+        assert!(err.to_string().contains("\"t.6\""), "{err}");
+    }
 }
 
 /// An incremental save rewrites only the changed chunks, restores to the
