@@ -418,6 +418,32 @@ def test_safe_open_reads_ahead_tensors_of_tens_of_mib(tmp_path, monkeypatch):
     assert len(reads) <= 4 and max(reads) >= 4 * half, reads
 
 
+def test_safe_open_reads_ahead_a_tensor_larger_than_a_window_in_a_window_of_its_own(tmp_path, monkeypatch):
+    # Halves larger than any window (4 x 2 GiB at full size), then one
+    # over READ_AHEAD_TENSOR_BYTES: the first read and that one alone,
+    # each of the others read ahead in a window of its own.
+    from zerohop import _native, _read_ahead
+    _window_sizes(monkeypatch, 16 << 10, 32 << 10, 64 << 10)
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_TENSOR_BYTES", 128 << 10)
+    tensors = {f"w.{i}": np.full((64, 1024), i, np.float32) for i in range(4)}
+    tensors["w.4"] = np.full((128, 1024), 4, np.float32)
+    path = tmp_path / "large.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    alone, queued = [], []
+    for name, reads in (("read", alone), ("read_queued", queued)):
+        def counted(*args, real=getattr(_native, name), reads=reads, **kwargs):
+            reads.append(sum(n for _, _, n, _ in args[2]))
+            return real(*args, **kwargs)
+        monkeypatch.setattr(_native, name, counted)
+    with zerohop.safe_open(path, framework="np") as f:
+        for name in f.keys():
+            rows = tensors[name].shape[0] // 2
+            assert np.array_equal(f.get_slice(name)[:rows], tensors[name][:rows]), name
+    half = 128 << 10
+    assert alone == [half, 2 * half], alone
+    assert queued == [half, half, half], queued
+
+
 def test_safe_open_reads_only_the_rows_of_a_large_tensor(tmp_path, rng, monkeypatch):
     from zerohop import _read_ahead
     monkeypatch.setattr(_read_ahead, "READ_AHEAD_TENSOR_BYTES", 16 << 20)

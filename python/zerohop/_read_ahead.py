@@ -10,13 +10,15 @@ order are read with the second, in one engine call: a
 window of READ_AHEAD_FIRST bytes, twice as many each time up to
 READ_AHEAD_MOST, and the READ_AHEAD_WINDOWS windows after it are read on
 threads while this one is used (all of them queued while the first is
-read). Into a device, a window queued while the one before it is read
+read). A tensor whose rows to read are more than a window's bytes is a
+window of its own. Into a device, a window queued while the one before it is read
 joins that read: one pipeline run of the engine takes them in turn, with
 no transfer's start and end between them. While reads take every tensor of each
 window in turn, windows grow four times as fast, up to
 READ_AHEAD_DENSE_MOST. Reads that jump about get no window.
-A tensor over READ_AHEAD_TENSOR_BYTES is read alone, only the rows asked,
-and windows pass over it; objects in a store are never read ahead.
+A read of more than READ_AHEAD_TENSOR_BYTES is read alone, only the rows
+asked, and windows pass over a tensor whose rows to read are more;
+objects in a store are never read ahead.
 
 A window holds of each tensor the rows the last read of its kind asked for
 (its name with the numbers left out: `layers.#.q.weight`), as a fraction of
@@ -33,11 +35,14 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from . import _buffers, _native
 from ._file_tensors import _placed, _Tensor
 
-# Larger tensors are read alone: their call's own cost is small beside
+# Larger reads are read alone: their call's own cost is small beside
 # their bytes. Smaller ones read alone each paid it: 64 tensors of
 # 128 MiB, half of each asked, came at 18 - 20 GB/s against 44.5 for the
-# half of one tensor of 8 GiB (an H100 machine, bench/matrix.py).
-READ_AHEAD_TENSOR_BYTES = 512 << 20
+# half of one tensor of 8 GiB; the halves of 4 tensors of 2 GiB, each
+# read alone, at 32.28 / 31.91 against 37.35 / 34.96 (H100 machines,
+# bench/matrix.py). As large as the largest window: what is read ahead
+# stays within READ_AHEAD_WINDOWS of those.
+READ_AHEAD_TENSOR_BYTES = 1 << 30
 # Fewer, larger first windows: the halves of 3,280 tensors of 1 - 4 MiB
 # came at 38.36 / 35.59 and 37.59 / 36.80 GB/s (best / median of 3, two
 # runs on an H100 machine) from 64 MiB, against 32.40 / 28.05 and
@@ -180,7 +185,7 @@ class _ReadAhead:
         stream = _buffers.current_stream(device)
         last, self.last = self.last, info.name
         self._learn(info, asked)
-        if info.end - info.begin > READ_AHEAD_TENSOR_BYTES:
+        if asked.end - asked.begin > READ_AHEAD_TENSOR_BYTES:
             return None  # and the windows stay: small tensors may follow
         if self.window is None or not self.window.has(info.name, stream):
             self._let_go()  # freed before the next is allocated
@@ -193,7 +198,8 @@ class _ReadAhead:
                     return None
                 k = forward[0]
                 first = self._read(k, self.places[k][info.name], sources(), device, framework, stream, None)
-                assert first is not None  # `info` itself is small
+                if first is None:
+                    return None
                 self.ahead = [first]
             # The windows after are queued before the wait: the engine goes
             # on to them as this one ends, and their memory and tensors are
@@ -206,6 +212,8 @@ class _ReadAhead:
                 if read is None:
                     break
                 self.ahead.append(read)
+            if not self.ahead[0].window.has(info.name, stream):
+                return None  # the rows it would read are too many: alone, and the windows stay
             try:
                 self.window = self.ahead.pop(0).wait()
             except BaseException:
@@ -237,18 +245,19 @@ class _ReadAhead:
     def _read(self, k: int, i: int, sources: Any, device: str, framework: str,
               stream: Optional[int], behind: Optional[_WindowRead]) -> Optional[_WindowRead]:
         """Starts reading the window of order `k` from place `i` on (once
-        `behind` is read): the small tensors there (large ones are
-        skipped: they are read alone), up to the next budget. None when
-        none are left."""
+        `behind` is read): the tensors there up to the next budget, or
+        the first alone where it is larger (tensors whose rows to read
+        are over READ_AHEAD_TENSOR_BYTES are skipped: they are read
+        alone). None when none are left."""
         order = self.orders[k]
         picked: List[_Tensor] = []
         most, growth = (READ_AHEAD_DENSE_MOST, 2) if self.dense else (READ_AHEAD_MOST, 1)
         budget = min(most, READ_AHEAD_FIRST << min(growth * self.windows, 20))
         total = 0
         while i < len(order):
-            if order[i].end - order[i].begin <= READ_AHEAD_TENSOR_BYTES:
-                part = self._predicted(order[i])
-                n = part.end - part.begin
+            part = self._predicted(order[i])
+            n = part.end - part.begin
+            if n <= READ_AHEAD_TENSOR_BYTES:
                 if picked and total + n > budget:
                     break
                 picked.append(part)

@@ -55,10 +55,10 @@ class safe_open:
     `safetensors.safe_open` does: `keys()`, `metadata()`,
     `get_tensor(name)`, `get_slice(name)[rows, ...]`. Usable as a context
     manager. `framework="pt"` gives torch tensors, `framework="np"` numpy
-    arrays (host memory only). A tensor over 512 MiB is read alone, only the
-    rows asked. Once reads of smaller ones go forward through the file or
-    through its names, the small tensors that come next are read with
-    them, in windows (three held while the file is open: the one in use,
+    arrays (host memory only). A read of more than 1 GiB is read alone,
+    only the rows asked. Once reads go forward through the file or
+    through its names, the tensors that come next are read with them, in
+    windows (three held while the file is open: the one in use,
     and the next two, read meanwhile): of each, the rows that the last read
     of its kind asked for (the same fraction of its rows; its kind is its
     name without the numbers). While the reads take every tensor of each
