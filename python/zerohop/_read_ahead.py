@@ -6,19 +6,18 @@ and end cost a millisecond or more whatever its size) beside its bytes, and
 a program reading them in order reads the ones after too (a tensor-parallel
 rank takes its part of every tensor). So once two reads go forward in the
 file's order or the names' (keys()), the tensors that come next in that
-order are read with the second, in one engine call: a
-window of READ_AHEAD_FIRST bytes, twice as many each time up to
-READ_AHEAD_MOST, and the READ_AHEAD_WINDOWS windows after it are read on
-threads while this one is used (all of them queued while the first is
-read). A tensor whose rows to read are more than a window's bytes is a
-window of its own. Into a device, a window queued while the one before it is read
-joins that read: one pipeline run of the engine takes them in turn, with
-no transfer's start and end between them. While reads take every tensor of each
-window in turn, windows grow four times as fast, up to
-READ_AHEAD_DENSE_MOST. Reads that jump about get no window.
-A read of more than READ_AHEAD_TENSOR_BYTES is read alone, only the rows
-asked, and windows pass over a tensor whose rows to read are more;
-objects in a store are never read ahead.
+order are read with the second, in one engine call: a window of
+READ_AHEAD_FIRST bytes, twice as many each time up to READ_AHEAD_MOST, and
+the READ_AHEAD_WINDOWS windows after it are read on threads while this one
+is used (all of them queued while the first is read). A tensor whose rows to
+read are more than a window's bytes is a window of its own. Into a device, a
+window queued while the one before it is read joins that read: one pipeline
+run of the engine takes them in turn, with no transfer's start and end
+between them. While reads take every tensor of each window in turn, windows
+grow four times as fast, up to READ_AHEAD_DENSE_MOST. Reads that jump about
+get no window. A read of more than READ_AHEAD_TENSOR_BYTES is read alone,
+only the rows asked, and windows pass over a tensor whose rows to read are
+more; objects in a store are never read ahead.
 
 A window holds of each tensor the rows the last read of its kind asked for
 (its name with the numbers left out: `layers.#.q.weight`), as a fraction of
