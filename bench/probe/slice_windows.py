@@ -4,8 +4,9 @@ bench/matrix.py times get_slice (first calls in a fresh process), under
 several settings of the read-ahead (`zerohop._read_ahead`'s READ_AHEAD_*
 constants), alternated round by round. Prints per setting the rate as
 waited, and where the time went: the window reads (how many, the sum of
-their transfers, how long the program blocked waiting for them), when
-the first one was queued, and the tail after the
+their transfers, how long the program blocked waiting for them), how
+long opening the file and the first two reads took, when the first
+window was queued, and the tail after the
 wait for the last one (the program taking that window's tensors).
 
 FILE is made if missing, as bench/matrix.py's small-fp8 shape (3,280 FP8
@@ -65,18 +66,22 @@ def child(path: str, device: str, setting: str) -> dict:
 
     _read_ahead._native = TimedNative()
     t = time.perf_counter()
-    parts, nbytes = {}, 0
+    parts, nbytes, marks = {}, 0, []
     with zerohop.safe_open(path, framework="pt", device=device) as f:
+        marks.append(time.perf_counter())
         for name in f.keys():
             s = f.get_slice(name)
             parts[name] = s[:max(1, s.get_shape()[0] // 2)]
             nbytes += parts[name].numel() * parts[name].element_size()
+            if len(marks) < 3:
+                marks.append(time.perf_counter())
     sync()
     end = time.perf_counter()
     spans.sort()
     return {"gbps": nbytes / (end - t) / 1e9, "wall": end - t, "reads": len(spans),
             "engine": sum(s[2] for s in spans), "blocked": sum(s[3] for s in spans),
             "head": spans[0][0] - t if spans else 0.0,
+            "open": marks[0] - t, "first": marks[1] - marks[0], "second": marks[2] - marks[1],
             "tail": end - spans[-1][1] if spans else 0.0}
 
 
@@ -107,7 +112,9 @@ def main() -> None:
               f" ({len(runs)} runs); medians: wall {med(x['wall'] for x in runs) * 1e3:.0f} ms,"
               f" {med(x['reads'] for x in runs):.0f} window reads (their transfers {med(x['engine'] for x in runs) * 1e3:.0f} ms,"
               f" the program blocked waiting for them {med(x['blocked'] for x in runs) * 1e3:.0f} ms),"
-              f" the first queued after {med(x['head'] for x in runs) * 1e3:.1f} ms, the tail after the last"
+              f" the file opened in {med(x['open'] for x in runs) * 1e3:.1f} ms, the first read took"
+              f" {med(x['first'] for x in runs) * 1e3:.1f} ms and the second {med(x['second'] for x in runs) * 1e3:.1f},"
+              f" the first window queued after {med(x['head'] for x in runs) * 1e3:.1f} ms, the tail after the last"
               f" one's wait {med(x['tail'] for x in runs) * 1e3:.1f} ms")
 
 
