@@ -17,6 +17,8 @@ compares its output with the one before the first pause:
                   run with libzerohop_preload.so preloaded: all its
                   cudaMalloc'd memory suspendable; a thread of it
                   synchronizes every millisecond (its quiet points)
+  preload-suspend `zerohop suspend PID DIR` / `zerohop resume PID DIR` of
+                  that process: its memory only, its CUDA context stays
   driver          cuCheckpointProcessLock + Checkpoint / Restore + Unlock
                   from outside: what `cuda-checkpoint --toggle` does, to the
                   process's host RAM only (nothing durable)
@@ -48,6 +50,9 @@ import threading
 import time
 
 from lab_binary import lab_binary
+
+# Rows whose process knows nothing of zerohop: libzerohop_preload.so serves it.
+PRELOADED = ("preload", "preload-suspend")
 
 # --- the child: a process holding the tensors -----------------------------
 
@@ -88,7 +93,7 @@ def child(mode: str, size_gib: int, tensor_mib: int, disk_dir: str, mlp: bool) -
     graph = captured(torch, tensors[-5:]) if mlp else None
     stop = threading.Event()
     stepper = threading.Thread(target=quiet_points, args=(torch, stop))
-    if mode == "preload":  # after the capture, which a synchronize would break
+    if mode in PRELOADED:  # after the capture, which a synchronize would break
         stepper.start()
 
     def digest() -> list:
@@ -164,7 +169,7 @@ def quiet_points(torch, stop) -> None:
 
 class Child:
     def __init__(self, mode: str, args) -> None:
-        env = {**os.environ, "LD_PRELOAD": args.preload} if mode == "preload" else None
+        env = {**os.environ, "LD_PRELOAD": args.preload} if mode in PRELOADED else None
         self.p = subprocess.Popen([sys.executable, __file__, "--child", mode, "--size-gib", str(args.size_gib),
                                    "--tensor-mib", str(args.tensor_mib), "--disk", args.disk]
                                   + (["--mlp"] if args.mlp else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -236,11 +241,13 @@ def actions(mode: str, c: Child, d: str, zerohop: str, driver: DriverCheckpoint)
     """The row's pause and resume of process `c` to and from `d`; the
     resume returns the seconds zerohop spent getting the memory back, where
     it says."""
-    if mode in ("checkpoint-process", "preload"):
+    if mode in ("checkpoint-process", *PRELOADED):
         def cli(verb: str) -> None:
             subprocess.run([zerohop, verb, str(c.pid), d], check=True, stdout=subprocess.DEVNULL)
 
-        return lambda: cli("checkpoint-process"), lambda: cli("restore-process")
+        pause, resume = (("suspend", "resume") if mode == "preload-suspend"
+                         else ("checkpoint-process", "restore-process"))
+        return lambda: cli(pause), lambda: cli(resume)
     if mode == "driver":
         return lambda: driver.pause(c.pid), lambda: driver.resume(c.pid)
     return lambda: c.ask("pause", d), lambda: c.ask("resume", d)["backing_s"]
@@ -322,7 +329,7 @@ def main() -> None:
     ap.add_argument("--tmpfs", default="/dev/shm")
     ap.add_argument("--disk", default="/var/tmp")
     ap.add_argument("--preload", help="libzerohop_preload.so (default: beside --zerohop)")
-    ap.add_argument("--rows", default="driver,zerohop,checkpoint-process,preload,tms-cpu",
+    ap.add_argument("--rows", default="driver,zerohop,checkpoint-process,preload,preload-suspend,tms-cpu",
                     help="tmpfs rows, in order (disk: zerohop and tms-disk)")
     ap.add_argument("--no-disk", action="store_true")
     ap.add_argument("--reuse", action="store_true", help="another process uses the freed GPU memory before each resume")
