@@ -7,18 +7,24 @@ waited, and where the time went: the window reads (how many, the sum of
 their transfers, how long the program blocked waiting for them), how
 long opening the file and the first two reads took, when the first
 window was queued, and the tail after the
-wait for the last one (the program taking that window's tensors).
+wait for the last one (the program taking that window's tensors), and
+the interpreter's cycle collections inside the clock (a full one walks
+every object of the process).
 
 FILE is made if missing, as bench/matrix.py's small-fp8 shape (3,280 FP8
 tensors of 1 - 4 MiB, 8 GiB; needs torch and safetensors).
 
     python3 bench/probe/slice_windows.py FILE [--rounds 3] [--device cuda:0]
         [--settings "default;READ_AHEAD_WINDOWS=3;READ_AHEAD_DENSE_MOST=2147483648"]
+
+A setting `settle=SECONDS` waits that long after `import zerohop` before
+the clock starts, so its background setup is over.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -40,6 +46,9 @@ def child(path: str, device: str, setting: str) -> dict:
 
     for item in setting.split(",") if setting != "default" else []:
         name, value = item.split("=")
+        if name == "settle":  # seconds the import's background setup gets before the clock
+            time.sleep(float(value))
+            continue
         assert hasattr(_read_ahead, name), name
         setattr(_read_ahead, name, int(value))
     spans: list = []  # (queued, waited for, engine seconds, seconds blocked in wait) of each window read
@@ -65,6 +74,15 @@ def child(path: str, device: str, setting: str) -> dict:
             return TimedRead(_native.read_queued(*a, **kw))
 
     _read_ahead._native = TimedNative()
+    collections: list = []  # (generation, seconds) of each cycle collection
+
+    def collected(phase: str, info: dict, began: list = [0.0]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            collections.append((info["generation"], time.perf_counter() - began[0]))
+
+    gc.callbacks.append(collected)
     t = time.perf_counter()
     parts, nbytes, marks = {}, 0, []
     with zerohop.safe_open(path, framework="pt", device=device) as f:
@@ -77,12 +95,14 @@ def child(path: str, device: str, setting: str) -> dict:
                 marks.append(time.perf_counter())
     sync()
     end = time.perf_counter()
+    gc.callbacks.remove(collected)
     spans.sort()
     return {"gbps": nbytes / (end - t) / 1e9, "wall": end - t, "reads": len(spans),
             "engine": sum(s[2] for s in spans), "blocked": sum(s[3] for s in spans),
             "head": spans[0][0] - t if spans else 0.0,
             "open": marks[0] - t, "first": marks[1] - marks[0], "second": marks[2] - marks[1],
-            "tail": end - spans[-1][1] if spans else 0.0}
+            "tail": end - spans[-1][1] if spans else 0.0,
+            "gc": sum(c[1] for c in collections), "full_gc": sum(c[0] == 2 for c in collections)}
 
 
 def main() -> None:
@@ -91,7 +111,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--settings", default="default;READ_AHEAD_WINDOWS=3;READ_AHEAD_DENSE_MOST=2147483648",
-                    help="';'-separated; each 'default' or NAME=INT,...")
+                    help="';'-separated; each 'default' or NAME=INT,... (or settle=SECONDS)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -115,7 +135,9 @@ def main() -> None:
               f" the file opened in {med(x['open'] for x in runs) * 1e3:.1f} ms, the first read took"
               f" {med(x['first'] for x in runs) * 1e3:.1f} ms and the second {med(x['second'] for x in runs) * 1e3:.1f},"
               f" the first window queued after {med(x['head'] for x in runs) * 1e3:.1f} ms, the tail after the last"
-              f" one's wait {med(x['tail'] for x in runs) * 1e3:.1f} ms")
+              f" one's wait {med(x['tail'] for x in runs) * 1e3:.1f} ms; cycle collections"
+              f" {med(x['gc'] for x in runs) * 1e3:.1f} ms, full ones in {sum(x['full_gc'] > 0 for x in runs)} runs;"
+              f" each run's wall: {', '.join(str(round(x['wall'] * 1e3)) for x in runs)} ms")
 
 
 if __name__ == "__main__":
