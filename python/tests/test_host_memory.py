@@ -394,6 +394,23 @@ def test_read_ahead_windows_grow_larger_while_reads_take_every_tensor(tmp_path, 
         assert max(reads[4:]) == 128 << 10, reads
 
 
+def test_read_ahead_reads_the_end_of_the_file_as_a_small_window_of_its_own(tmp_path, monkeypatch):
+    # 100 tensors of 8 KiB taken in turn: windows of 64 KiB, then 256 KiB
+    # (grown four times while every tensor is taken), then the rest, whose
+    # last 64 KiB or so are a window of their own.
+    tensors = {f"t{i:03d}": np.full(2048, i, np.float32) for i in range(100)}
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    _window_sizes(monkeypatch, 64 << 10, 64 << 10, 1 << 20)
+    from zerohop import _read_ahead
+    monkeypatch.setattr(_read_ahead, "READ_AHEAD_LAST", 64 << 10)
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        for name in f.keys():
+            assert np.array_equal(f.get_tensor(name), tensors[name]), name
+    assert reads == [8 << 10, 64 << 10, 256 << 10, 408 << 10, 64 << 10], reads
+
+
 def test_fractions_of_rows_asked_carry_over_to_other_row_counts():
     from zerohop._read_ahead import _fraction
     assert _fraction(127, 255) == (1, 2)  # [:255 // 2]

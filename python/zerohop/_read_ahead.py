@@ -17,7 +17,9 @@ between them. While reads take every tensor of each window in turn, windows
 grow four times as fast, up to READ_AHEAD_DENSE_MOST. Reads that jump about
 get no window. A read of more than READ_AHEAD_TENSOR_BYTES is read alone,
 only the rows asked, and windows pass over a tensor whose rows to read are
-more; objects in a store are never read ahead.
+more; objects in a store are never read ahead. The last READ_AHEAD_LAST
+bytes of an order are a window of their own, so that the program takes
+the tensors of the window before while they are read.
 
 A window holds of each tensor the rows the last read of its kind asked for
 (its name with the numbers left out: `layers.#.q.weight`), as a fraction of
@@ -54,6 +56,15 @@ READ_AHEAD_MOST = 128 << 20
 # device left when the last copy out of the file ends): they grow faster,
 # and larger.
 READ_AHEAD_DENSE_MOST = 1 << 30
+# What a read-ahead's last window holds at most, where the one before would
+# hold more: the program takes a window's tensors once it is read, so the
+# tensors of the last window are taken after every byte is read. Taking a
+# tensor costs about 6.5 us, while the engine reads its half (1.3 MiB) in
+# about 30: 128 MiB are read in about the time the program takes the
+# tensors of the 0.6 GiB before them (the 3,280 small FP8 tensors' last
+# window, taken in 3.6 ms after its read on an H100 machine:
+# bench/probe/slice_windows.py).
+READ_AHEAD_LAST = 128 << 20
 # Windows read ahead of the one in use: each is planned and queued while
 # the ones before it are read, so the engine goes from one to the next at
 # once.
@@ -250,6 +261,7 @@ class _ReadAhead:
         alone). None when none are left."""
         order = self.orders[k]
         picked: List[_Tensor] = []
+        places: List[int] = []  # where each of `picked` is in the order
         most, growth = (READ_AHEAD_DENSE_MOST, 2) if self.dense else (READ_AHEAD_MOST, 1)
         budget = min(most, READ_AHEAD_FIRST << min(growth * self.windows, 20))
         total = 0
@@ -260,10 +272,19 @@ class _ReadAhead:
                 if picked and total + n > budget:
                     break
                 picked.append(part)
+                places.append(i)
                 total += n
             i += 1
         if not picked:
             return None
+        if i == len(order) and len(picked) > 1 and total > 2 * READ_AHEAD_LAST:
+            # The order's end: its last READ_AHEAD_LAST bytes or so are the
+            # next window.
+            kept, last = len(picked), 0
+            while kept > 1 and last < READ_AHEAD_LAST:
+                kept -= 1
+                last += picked[kept].end - picked[kept].begin
+            picked, i = picked[:kept], places[kept]
         self.windows += 1
         return _WindowRead(sources, picked, device, framework, stream, k, i, behind)
 
