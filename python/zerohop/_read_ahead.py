@@ -17,9 +17,9 @@ between them. While reads take every tensor of each window in turn, windows
 grow four times as fast, up to READ_AHEAD_DENSE_MOST. Reads that jump about
 get no window. A read of more than READ_AHEAD_TENSOR_BYTES is read alone,
 only the rows asked, and windows pass over a tensor whose rows to read are
-more; objects in a store are never read ahead. The last READ_AHEAD_LAST
-bytes of an order are a window of their own, so that the program takes
-the tensors of the window before while they are read.
+more; objects in a store are never read ahead. About the last
+READ_AHEAD_LAST bytes of an order are a window of their own, so that the
+program takes the tensors of the window before while they are read.
 
 A window holds of each tensor the rows the last read of its kind asked for
 (its name with the numbers left out: `layers.#.q.weight`), as a fraction of
@@ -56,7 +56,7 @@ READ_AHEAD_MOST = 128 << 20
 # device left when the last copy out of the file ends): they grow faster,
 # and larger.
 READ_AHEAD_DENSE_MOST = 1 << 30
-# What a read-ahead's last window holds at most, where the one before would
+# About what a read-ahead's last window holds, where the one before would
 # hold more: the program takes a window's tensors once it is read, so the
 # tensors of the last window are taken after every byte is read. Taking a
 # tensor costs about 6.5 us, while the engine reads its half (1.3 MiB) in
