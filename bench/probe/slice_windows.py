@@ -75,8 +75,9 @@ def child(path: str, device: str, setting: str) -> dict:
 
     _read_ahead._native = TimedNative()
     collections: list = []  # (generation, seconds) of each cycle collection
+    began = [0.0]  # when the collection under way began
 
-    def collected(phase: str, info: dict, began: list = [0.0]) -> None:
+    def collected(phase: str, info: dict) -> None:
         if phase == "start":
             began[0] = time.perf_counter()
         else:
