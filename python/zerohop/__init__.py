@@ -127,9 +127,13 @@ def _prepare_at_import() -> None:
     where a device is known: `ZEROHOP_PREPARE` names one ('cuda:N', 'cpu',
     ...), or, by default, torch's current CUDA device once torch has set up
     CUDA. A first load then finds its engine made and its staging pinned.
-    Where no device is known yet, the thread grows the descriptor table
-    only. `ZEROHOP_PREPARE=0` turns this off. A failure here is left for
-    the first call to report, which makes the engine again."""
+    The descriptor table grows on a thread of its own, also where no
+    device is known yet: in a process with threads the growth waits for an
+    RCU grace period (9 ms on an H100 machine), which the engine need not
+    wait for, and which a checkpoint saved right after the import waits
+    less for than after the engine. `ZEROHOP_PREPARE=0` turns both off. A
+    failure here is left for the first call to report, which makes the
+    engine again."""
     wanted = os.environ.get("ZEROHOP_PREPARE", "auto")
     if wanted == "0":
         return
@@ -140,19 +144,19 @@ def _prepare_at_import() -> None:
 
     def run() -> None:
         try:
-            if wanted:
-                prepare(wanted)
-            else:  # only the descriptor table (see `prepare`)
-                _native.grow_descriptor_table()
+            prepare(wanted)
         except Exception:
             pass
 
-    thread = threading.Thread(target=run, name="zerohop-prepare", daemon=True)
-    thread.start()
-    # Neither a fork (whose child would inherit the engines' lock held) nor
-    # the interpreter's exit happens while it pins.
-    os.register_at_fork(before=thread.join)
-    atexit.register(thread.join)
+    threads = [threading.Thread(target=_native.grow_descriptor_table, name="zerohop-descriptors", daemon=True)]
+    if wanted:
+        threads.append(threading.Thread(target=run, name="zerohop-prepare", daemon=True))
+    for thread in threads:
+        thread.start()
+        # Neither a fork (whose child would inherit the engines' lock held)
+        # nor the interpreter's exit happens while it pins.
+        os.register_at_fork(before=thread.join)
+        atexit.register(thread.join)
 
 
 _prepare_at_import()
