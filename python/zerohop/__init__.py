@@ -153,8 +153,9 @@ def _prepare_at_import() -> None:
         threads.append(threading.Thread(target=run, name="zerohop-prepare", daemon=True))
     for thread in threads:
         thread.start()
-        # Neither a fork (whose child would inherit the engines' lock held)
-        # nor the interpreter's exit happens while it pins.
+        # Neither a fork (whose child would inherit the engines' lock held,
+        # or a table half grown) nor the interpreter's exit happens while
+        # either works.
         os.register_at_fork(before=thread.join)
         atexit.register(thread.join)
 

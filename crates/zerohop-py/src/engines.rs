@@ -56,11 +56,12 @@ pub fn prepare(py: Python<'_>, device: &str) -> PyResult<String> {
     py.detach(|| {
         let e = engine(place)?;
         e.allocate_staging().map_err(to_py)?;
-        // After the engine, which a first load right after the import
-        // waits for: the growth waits for an RCU grace period (a call's
-        // opens waited 14 - 26 ms for one on an H100 machine), and a load
-        // of one file opens too few to need it. Best effort:
-        // where it fails, the first opens grow the table.
+        // After the engine, which a first load waits for: the growth
+        // waits for an RCU grace period (a call's opens waited 14 - 26 ms
+        // for one on an H100 machine), and a load of one file opens too
+        // few to need it. At import it has a thread of its own, and this
+        // returns at once. Best effort: where it fails, the first opens
+        // grow the table.
         let _ = zerohop::storage::grow_descriptor_table();
         Ok(e.device().describe())
     })
