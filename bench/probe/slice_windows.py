@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""`safe_open` + `get_slice(name)[:half]` of every tensor of a file, as
+"""`safe_open` + `get_slice(name)[:half]` of every tensor of a file (or
+of each of several files in turn), as
 bench/matrix.py times get_slice (first calls in a fresh process), under
 several settings of the read-ahead (`zerohop._read_ahead`'s READ_AHEAD_*
 constants), alternated round by round. Prints per setting the rate as
@@ -11,10 +12,12 @@ wait for the last one (the program taking that window's tensors), and
 the interpreter's cycle collections inside the clock (a full one walks
 every object of the process).
 
-FILE is made if missing, as bench/matrix.py's small-fp8 shape (3,280 FP8
-tensors of 1 - 4 MiB, 8 GiB; needs torch and safetensors).
+A missing FILE is made as bench/matrix.py's small-fp8 shape (3,280 FP8
+tensors of 1 - 4 MiB, 8 GiB; needs torch and safetensors); several
+missing FILEs as its shards shape (8 GiB in all, 16 bf16 tensors each).
+With several files, the opening and first two reads are summed over them.
 
-    python3 bench/probe/slice_windows.py FILE [--rounds 3] [--device cuda:0]
+    python3 bench/probe/slice_windows.py FILE... [--rounds 3] [--device cuda:0]
         [--settings "default;READ_AHEAD_WINDOWS=3;READ_AHEAD_DENSE_MOST=2147483648"]
 
 A setting `settle=SECONDS` waits that long after `import zerohop` before
@@ -35,7 +38,18 @@ import time
 from save_configs import make_small_fp8
 
 
-def child(path: str, device: str, setting: str) -> dict:
+def make_shards(paths: list) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(2)
+    per = (8 << 30) // len(paths) // 16 // 4096 * 4096
+    for s, path in enumerate(paths):
+        save_file({f"shard{s}.layer.{i}": torch.randint(0, 256, (per,), generator=g, dtype=torch.uint8)
+                   .view(torch.bfloat16).view(-1, 2048) for i in range(16)}, path)
+
+
+def child(paths: list, device: str, setting: str) -> dict:
     import torch
 
     torch.zeros(1, device=device)
@@ -85,15 +99,20 @@ def child(path: str, device: str, setting: str) -> dict:
 
     gc.callbacks.append(collected)
     t = time.perf_counter()
-    parts, nbytes, marks = {}, 0, []
-    with zerohop.safe_open(path, framework="pt", device=device) as f:
-        marks.append(time.perf_counter())
-        for name in f.keys():
-            s = f.get_slice(name)
-            parts[name] = s[:max(1, s.get_shape()[0] // 2)]
-            nbytes += parts[name].numel() * parts[name].element_size()
-            if len(marks) < 3:
-                marks.append(time.perf_counter())
+    parts, nbytes, opened, first, second = {}, 0, 0.0, 0.0, 0.0
+    for path in paths:
+        opening = time.perf_counter()
+        with zerohop.safe_open(path, framework="pt", device=device) as f:
+            marks = [time.perf_counter()]
+            for name in f.keys():
+                s = f.get_slice(name)
+                parts[name] = s[:max(1, s.get_shape()[0] // 2)]
+                nbytes += parts[name].numel() * parts[name].element_size()
+                if len(marks) < 3:
+                    marks.append(time.perf_counter())
+        opened += marks[0] - opening
+        first += marks[1] - marks[0]
+        second += marks[2] - marks[1] if len(marks) > 2 else 0.0
     sync()
     end = time.perf_counter()
     gc.callbacks.remove(collected)
@@ -101,14 +120,14 @@ def child(path: str, device: str, setting: str) -> dict:
     return {"gbps": nbytes / (end - t) / 1e9, "wall": end - t, "reads": len(spans),
             "engine": sum(s[2] for s in spans), "blocked": sum(s[3] for s in spans),
             "head": spans[0][0] - t if spans else 0.0,
-            "open": marks[0] - t, "first": marks[1] - marks[0], "second": marks[2] - marks[1],
+            "open": opened, "first": first, "second": second,
             "tail": end - spans[-1][1] if spans else 0.0,
             "gc": sum(c[1] for c in collections), "full_gc": sum(c[0] == 2 for c in collections)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("file")
+    ap.add_argument("files", nargs="+")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--settings", default="default;READ_AHEAD_WINDOWS=3;READ_AHEAD_DENSE_MOST=2147483648",
@@ -116,15 +135,18 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.file, args.device, args.child)))
+        print(json.dumps(child(args.files, args.device, args.child)))
         return
-    if not os.path.exists(args.file):
-        make_small_fp8(args.file)
+    if not all(os.path.exists(f) for f in args.files):
+        if len(args.files) == 1:
+            make_small_fp8(args.files[0])
+        else:
+            make_shards(args.files)
     settings = [s.strip() for s in args.settings.split(";")]
     rows: dict = {s: [] for s in settings}
     for r in range(args.rounds):
         for s in settings[r % len(settings):] + settings[:r % len(settings)]:
-            out = subprocess.run([sys.executable, __file__, args.file, "--device", args.device, "--child", s],
+            out = subprocess.run([sys.executable, __file__, *args.files, "--device", args.device, "--child", s],
                                  check=True, stdout=subprocess.PIPE, text=True).stdout
             rows[s].append(json.loads(out.splitlines()[-1]))
     med = statistics.median
@@ -133,7 +155,7 @@ def main() -> None:
               f" ({len(runs)} runs); medians: wall {med(x['wall'] for x in runs) * 1e3:.0f} ms,"
               f" {med(x['reads'] for x in runs):.0f} window reads (their transfers {med(x['engine'] for x in runs) * 1e3:.0f} ms,"
               f" the program blocked waiting for them {med(x['blocked'] for x in runs) * 1e3:.0f} ms),"
-              f" the file opened in {med(x['open'] for x in runs) * 1e3:.1f} ms, the first read took"
+              f" the files opened in {med(x['open'] for x in runs) * 1e3:.1f} ms, the first read took"
               f" {med(x['first'] for x in runs) * 1e3:.1f} ms and the second {med(x['second'] for x in runs) * 1e3:.1f},"
               f" the first window queued after {med(x['head'] for x in runs) * 1e3:.1f} ms, the tail after the last"
               f" one's wait {med(x['tail'] for x in runs) * 1e3:.1f} ms; cycle collections"

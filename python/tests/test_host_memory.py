@@ -342,11 +342,11 @@ def test_safe_open_reads_ahead_the_rows_asked_of_each_kind(tmp_path, rng, monkey
         got[names[1]][...] = 0
         assert np.array_equal(f.get_tensor(names[1]), tensors[names[1]])
     asked = sum(t[: t.shape[0] // 2].nbytes for t in tensors.values())
-    # The first read alone, then windows of 1 and 4 MiB (four times as
-    # large while every tensor is taken) holding only the rows asked, and
+    # The first read starts the windows: of 1 MiB, then 4 (four times as
+    # large while every tensor is taken), holding only the rows asked; then
     # the tensor read again whole.
-    assert reads[0] == got[names[0]].nbytes
-    assert reads[1] <= 1 << 20 and 3 << 20 < reads[2] <= 4 << 20 and max(reads) <= 4 << 20
+    assert got[names[0]].nbytes < reads[0] <= 1 << 20 and 3 << 20 < reads[1] <= 4 << 20
+    assert max(reads) <= 4 << 20
     assert sum(reads[:-1]) == asked, "no byte read that was not asked for"
     assert reads[-1] == tensors[names[1]].nbytes
     assert len(reads) <= 4 + asked // (3 << 20), reads
@@ -371,11 +371,11 @@ def test_safe_open_reads_alone_what_a_window_missed_and_keeps_the_windows(tmp_pa
         # Asked again, a tensor given out is read anew.
         assert np.array_equal(f.get_slice("layers.03.a")[16:32], tensors["layers.03.a"][16:32])
     rows_of_a, vector = 16 * 100 * 4, 100 * 4
-    # Layer 0's `a` alone; then one window from its `b` on: the rows of `a`
-    # asked of layer 0, all of `b`, and all of `c` (asked of no layer
-    # yet), its halves copied out of it. Rows of layer 10's `a` that the
-    # window lacks, and layer 3's `a` again, are read alone.
-    assert reads == [rows_of_a, 2 * vector + 39 * (rows_of_a + 2 * vector), rows_of_a, rows_of_a], reads
+    # One window from layer 0's `a` on: the rows of `a` asked, all of `b`,
+    # and all of `c` (asked of no layer yet), its halves copied out of it.
+    # Rows of layer 10's `a` that the window lacks, and layer 3's `a`
+    # again, are read alone.
+    assert reads == [40 * (rows_of_a + 2 * vector), rows_of_a, rows_of_a], reads
 
 
 @pytest.mark.parametrize("step", [1, 2])
@@ -395,9 +395,9 @@ def test_read_ahead_windows_grow_larger_while_reads_take_every_tensor(tmp_path, 
 
 
 def test_read_ahead_reads_the_end_of_the_file_as_a_small_window_of_its_own(tmp_path, monkeypatch):
-    # 100 tensors of 8 KiB taken in turn: windows of 64 KiB, then 256 KiB
-    # (grown four times while every tensor is taken), then the rest, whose
-    # last 64 KiB or so are a window of their own.
+    # 100 tensors of 8 KiB taken in turn: windows of 64 KiB from the first
+    # read on, then 256 KiB (grown four times while every tensor is taken),
+    # then the rest, whose last 64 KiB or so are a window of their own.
     tensors = {f"t{i:03d}": np.full(2048, i, np.float32) for i in range(100)}
     path = tmp_path / "m.safetensors"
     st_numpy.save_file(tensors, str(path))
@@ -408,7 +408,7 @@ def test_read_ahead_reads_the_end_of_the_file_as_a_small_window_of_its_own(tmp_p
     with zerohop.safe_open(path, framework="np") as f:
         for name in f.keys():
             assert np.array_equal(f.get_tensor(name), tensors[name]), name
-    assert reads == [8 << 10, 64 << 10, 256 << 10, 408 << 10, 64 << 10], reads
+    assert reads == [64 << 10, 256 << 10, 416 << 10, 64 << 10], reads
 
 
 def test_fractions_of_rows_asked_carry_over_to_other_row_counts():
@@ -431,14 +431,14 @@ def test_safe_open_reads_ahead_tensors_of_tens_of_mib(tmp_path, monkeypatch):
         for name in f.keys():
             assert np.array_equal(f.get_slice(name)[:48], tensors[name][:48]), name
     half = 12 << 20
-    assert sum(reads) == 8 * half and reads[0] == half, reads
+    assert sum(reads) == 8 * half and reads[0] > half, reads
     assert len(reads) <= 4 and max(reads) >= 4 * half, reads
 
 
 def test_safe_open_reads_ahead_a_tensor_larger_than_a_window_in_a_window_of_its_own(tmp_path, monkeypatch):
     # Halves larger than any window (4 x 2 GiB at full size), then one
-    # over READ_AHEAD_TENSOR_BYTES: the first read and that one alone,
-    # each of the others read ahead in a window of its own.
+    # over READ_AHEAD_TENSOR_BYTES: that one alone, each of the others (the
+    # first too) read ahead in a window of its own.
     from zerohop import _native, _read_ahead
     _window_sizes(monkeypatch, 16 << 10, 32 << 10, 64 << 10)
     monkeypatch.setattr(_read_ahead, "READ_AHEAD_TENSOR_BYTES", 128 << 10)
@@ -457,8 +457,8 @@ def test_safe_open_reads_ahead_a_tensor_larger_than_a_window_in_a_window_of_its_
             rows = tensors[name].shape[0] // 2
             assert np.array_equal(f.get_slice(name)[:rows], tensors[name][:rows]), name
     half = 128 << 10
-    assert alone == [half, 2 * half], alone
-    assert queued == [half, half, half], queued
+    assert alone == [2 * half], alone
+    assert queued == [half, half, half, half], queued
 
 
 def test_safe_open_reads_only_the_rows_of_a_large_tensor(tmp_path, rng, monkeypatch):
@@ -513,11 +513,13 @@ def test_safe_open_reads_ahead_in_name_order_and_not_when_reads_jump(tmp_path, r
     reads.clear()
     with zerohop.safe_open(path, framework="np") as f:
         names, in_file = f.keys(), {n: i for i, n in enumerate(f.offset_keys())}
-        # No step forward by 1 - 8 in either order.
+        # No step forward by 1 - 8 in either order, and no first read of
+        # either order's first tensor.
         jumps = []
         for b in (names[int(i)] for i in rng.permutation(120)):
             a = jumps[-1] if jumps else None
-            if a is None or not (0 < names.index(b) - names.index(a) <= 8 or 0 < in_file[b] - in_file[a] <= 8):
+            if (names.index(b) and in_file[b]) if a is None else \
+                    not (0 < names.index(b) - names.index(a) <= 8 or 0 < in_file[b] - in_file[a] <= 8):
                 jumps.append(b)
         assert len(jumps) > 50
         for name in jumps:
@@ -572,11 +574,51 @@ def test_read_ahead_queues_the_windows_after_a_window_before_waiting_for_it(tmp_
     with zerohop.safe_open(path, framework="np") as f:
         for name in f.keys():
             assert np.array_equal(f.get_tensor(name), tensors[name]), name
-    # The first tensor alone; then windows of t001 - t010, t011 - t020,
-    # t021 - t030 queued before the first of them is waited for, and the
-    # last (t031 - t039) before the second is.
-    assert events == [("queued", 0), ("queued", 1), ("queued", 2), ("wait", 0),
-                      ("queued", 3), ("wait", 1), ("wait", 2), ("wait", 3)], events
+    # The first read's window (t000 - t009) and one after it queued before
+    # the first is waited for: one only, as that read may be all the
+    # program wants; once reads go on, the others (t020 - t029, t030 -
+    # t039) before the second is.
+    assert events == [("queued", 0), ("queued", 1), ("wait", 0),
+                      ("queued", 2), ("queued", 3), ("wait", 1), ("wait", 2), ("wait", 3)], events
+
+
+def test_a_first_read_of_the_first_tensor_reads_one_window_ahead_at_most(tmp_path, monkeypatch):
+    tensors = {f"t{i:03d}": np.full(1000, i, np.float32) for i in range(40)}
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    _window_sizes(monkeypatch, 40_000, 40_000, 40_000)  # 10 tensors a window
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        assert np.array_equal(f.get_tensor("t000"), tensors["t000"])
+    assert reads == [40_000, 40_000], "its window and the next"
+    reads.clear()
+    with zerohop.safe_open(path, framework="np") as f:
+        assert np.array_equal(f.get_tensor("t005"), tensors["t005"])
+    assert reads == [4000], "a first read elsewhere is read alone"
+
+
+@pytest.mark.parametrize("failing", [1, 2])  # the first window, or one read ahead of it
+def test_a_window_that_memory_cannot_hold_is_not_read(tmp_path, monkeypatch, failing):
+    from zerohop import _read_ahead
+    tensors = {f"t{i:03d}": np.full(1000, i, np.float32) for i in range(40)}
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    _window_sizes(monkeypatch, 40_000, 40_000, 40_000)  # 10 tensors a window
+    real, windows = _read_ahead._placed, []
+
+    def placed(*args):
+        windows.append(None)
+        if len(windows) >= failing:
+            raise MemoryError("no memory for this window")
+        return real(*args)
+
+    monkeypatch.setattr(_read_ahead, "_placed", placed)
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        for name in f.keys():
+            assert np.array_equal(f.get_tensor(name), tensors[name]), name
+    # Each read the windows would have held goes alone.
+    assert reads == [4000] * 40 if failing == 1 else [40_000] + [4000] * 30, reads
 
 
 @pytest.mark.parametrize("failing", [1, 2])  # the first window, or one read ahead of it

@@ -39,6 +39,14 @@ def _torch_if_loaded():
     return _torch_module or sys.modules.get("torch")
 
 
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` says an allocation found no memory: numpy's
+    MemoryError, or torch's OutOfMemoryError (a RuntimeError)."""
+    torch = _torch_if_loaded()
+    oom = torch is not None and getattr(torch.cuda, "OutOfMemoryError", None)
+    return isinstance(error, MemoryError) or bool(oom and isinstance(error, oom))
+
+
 # safetensors dtype names -> torch attribute names; absent ones (older
 # torch) are skipped. F6_E2M3 and F6_E3M2 have no torch type: such tensors
 # load only as raw bytes (zerohop.read_into).

@@ -5,17 +5,20 @@ millisecond for 1 MiB into a GPU on the H200 machine; an engine call's start
 and end cost a millisecond or more whatever its size) beside its bytes, and
 a program reading them in order reads the ones after too (a tensor-parallel
 rank takes its part of every tensor). So once two reads go forward in the
-file's order or the names' (keys()), the tensors that come next in that
-order are read with the second, in one engine call: a window of
+file's order or the names' (keys()), or the first read takes the first
+tensor of either order, the tensors that come next in that order are read
+with it, in one engine call: a window of
 READ_AHEAD_FIRST bytes, twice as many each time up to READ_AHEAD_MOST, and
 the READ_AHEAD_WINDOWS windows after it are read on threads while this one
-is used (all of them queued while the first is read). A tensor whose rows to
+is used (all of them queued while the first is read; after a first read,
+one, as that read may be all a program wants). A tensor whose rows to
 read are more than a window's bytes is a window of its own. Into a device, a
 window queued while the one before it is read joins that read: one pipeline
 run of the engine takes them in turn, with no transfer's start and end
 between them. While reads take every tensor of each window in turn, windows
 grow four times as fast, up to READ_AHEAD_DENSE_MOST. Reads that jump about
-get no window. A read of more than READ_AHEAD_TENSOR_BYTES is read alone,
+get no window, and a window that memory cannot hold is not read (the read
+goes alone). A read of more than READ_AHEAD_TENSOR_BYTES is read alone,
 only the rows asked, and windows pass over a tensor whose rows to read are
 more; objects in a store are never read ahead. About the last
 READ_AHEAD_LAST bytes of an order are a window of their own, so that the
@@ -86,6 +89,18 @@ def _fraction(row: int, rows: int) -> Tuple[int, int]:
         if rows * p // q == row:
             return p, q
     return row, rows
+
+
+def _goes_forward(place: Dict[str, int], name: str, last: Optional[str]) -> bool:
+    """Whether a read of `name` after one of `last` (None: none before it)
+    goes forward in an order (`place`: each name's place in it). A first
+    read of the first tensor counts: a program reading a file through
+    takes it first, and then reads each file it opens in one run of
+    windows, rather than after a read alone and a window read alone
+    (docs/performance.md, `get_slice`)."""
+    if last is None:
+        return place[name] == 0
+    return 0 < place[name] - place[last] <= READ_AHEAD_STRIDE
 
 
 def _own(x: Any) -> Any:
@@ -202,8 +217,7 @@ class _ReadAhead:
             check()
             if not (self.ahead and self.ahead[0].window.has(info.name, stream)):
                 self.close()
-                forward = [k for k, place in enumerate(self.places)
-                           if last is not None and 0 < place[info.name] - place[last] <= READ_AHEAD_STRIDE]
+                forward = [k for k, place in enumerate(self.places) if _goes_forward(place, info.name, last)]
                 if not forward:
                     return None
                 k = forward[0]
@@ -214,8 +228,9 @@ class _ReadAhead:
             # The windows after are queued before the wait: the engine goes
             # on to them as this one ends, and their memory and tensors are
             # made while it reads. At most 1 + READ_AHEAD_WINDOWS are held,
-            # none in use meanwhile.
-            while len(self.ahead) <= READ_AHEAD_WINDOWS:
+            # none in use meanwhile; after a first read, 2: that read may be
+            # all the program wants of the file.
+            while len(self.ahead) <= (READ_AHEAD_WINDOWS if last is not None else 1):
                 behind = self.ahead[-1]
                 read = self._read(behind.window.order, behind.window.after, sources(), device, framework,
                                   stream, behind)
@@ -286,7 +301,12 @@ class _ReadAhead:
                 last += picked[kept].end - picked[kept].begin
             picked, i = picked[:kept], places[kept]
         self.windows += 1
-        return _WindowRead(sources, picked, device, framework, stream, k, i, behind)
+        try:
+            return _WindowRead(sources, picked, device, framework, stream, k, i, behind)
+        except Exception as e:
+            if _buffers.out_of_memory(e):
+                return None  # what is asked is read alone, in memory of its own
+            raise
 
     def _let_go(self) -> None:
         if self.window is not None:

@@ -57,7 +57,8 @@ class safe_open:
     manager. `framework="pt"` gives torch tensors, `framework="np"` numpy
     arrays (host memory only). A read of more than 1 GiB is read alone,
     only the rows asked. Once reads go forward through the file or
-    through its names, the tensors that come next are read with them, in
+    through its names, or the first read takes its first tensor, the
+    tensors that come next are read with them, in
     windows (three held while the file is open: the one in use,
     and the next two, read meanwhile): of each, the rows that the last read
     of its kind asked for (the same fraction of its rows; its kind is its
