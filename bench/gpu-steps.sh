@@ -309,7 +309,8 @@ step_suspend() {
     warm_memory; install_wheels
     # shellcheck disable=SC2086 # ZEROHOP_SUSPEND_ARGS is a list of options
     PYTHONUNBUFFERED=1 python3 bench/suspend.py --zerohop .stage/bin/zerohop ${ZEROHOP_SUSPEND_ARGS:-} \
-        --json-out "$OUT/suspend.json" 2>&1 | tee "$OUT/suspend.txt"
+        --json-out "$OUT/suspend.json" --ledger "$OUT/results.jsonl" --machine "$(machine_label)" \
+        --commit "$(cat .stage/commit)" 2>&1 | tee "$OUT/suspend.txt"
 }
 
 step_coldstart() {

@@ -53,6 +53,8 @@ import sys
 import threading
 import time
 
+import ledger
+
 SHAPES = ("one", "four", "sixty-four", "small-fp8", "shards")
 OPS = ("load_file", "get_slice", "save_file", "checkpoint-save", "checkpoint-load")
 TOOLS = {
@@ -488,17 +490,14 @@ def picked(tool: str, names: list) -> bool:
 
 
 def ledger_line(args, figure: str, value: float, command: str) -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": args.commit or commit or "unknown",
-            "machine": args.machine, "command": command, "figure": figure, "value": round(value, 4)}
+    return ledger.line(args.commit, args.machine, command, figure, value)
 
 
 def write_ledger(args, lines: list, on_gpu: bool) -> None:
     """Appends figures to the ledger: measured on a GPU only (host memory
     runs check bytes, not speed)."""
-    if args.ledger and on_gpu and lines:
-        with open(args.ledger, "a") as f:
-            f.writelines(json.dumps(line) + "\n" for line in lines)
+    if on_gpu:
+        ledger.append(args.ledger, lines)
 
 
 def main() -> None:

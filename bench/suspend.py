@@ -43,12 +43,14 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
 
+import ledger
 from lab_binary import lab_binary
 
 # Rows whose process knows nothing of zerohop: libzerohop_preload.so serves it.
@@ -239,18 +241,22 @@ def use_freed_memory(size_gib: int) -> None:
 
 def actions(mode: str, c: Child, d: str, zerohop: str, driver: DriverCheckpoint):
     """The row's pause and resume of process `c` to and from `d`; the
-    resume returns the seconds zerohop spent getting the memory back, where
-    it says."""
+    resume returns what zerohop says of its parts: the seconds spent getting
+    the memory back (`backing_s`, in the process), or those the command
+    says the resume took (`served_s`; `driver_s`, the driver's part)."""
     if mode in ("checkpoint-process", *PRELOADED):
-        def cli(verb: str) -> None:
-            subprocess.run([zerohop, verb, str(c.pid), d], check=True, stdout=subprocess.DEVNULL)
+        def cli(verb: str) -> dict:
+            out = subprocess.run([zerohop, verb, str(c.pid), d], check=True, capture_output=True, text=True).stdout
+            said = {k: float(m.group(1)) for k, m in (("served_s", re.search(r" in ([0-9.]+) s\b", out)),
+                                                      ("driver_s", re.search(r"\(driver ([0-9.]+) s", out))) if m}
+            return said if verb in ("resume", "restore-process") else {}
 
         pause, resume = (("suspend", "resume") if mode == "preload-suspend"
                          else ("checkpoint-process", "restore-process"))
         return lambda: cli(pause), lambda: cli(resume)
     if mode == "driver":
-        return lambda: driver.pause(c.pid), lambda: driver.resume(c.pid)
-    return lambda: c.ask("pause", d), lambda: c.ask("resume", d)["backing_s"]
+        return lambda: driver.pause(c.pid), lambda: driver.resume(c.pid) or {}
+    return lambda: c.ask("pause", d), lambda: {"backing_s": c.ask("resume", d)["backing_s"]}
 
 
 def run_row(mode: str, where: str, target: str, args, driver: DriverCheckpoint, rounds: int) -> dict:
@@ -271,12 +277,11 @@ def run_row(mode: str, where: str, target: str, args, driver: DriverCheckpoint, 
         if args.reuse:
             use_freed_memory(args.size_gib)
         t0 = time.perf_counter()
-        backing = do_resume()
+        parts = do_resume()
         resume = time.perf_counter() - t0
         intact = c.ask("check")["intact"]
         done.append({"pause_s": pause, "resume_s": resume, "gpu_mib_paused": held_gpu,
-                       "host_gained_bytes": gained, "intact": intact,
-                     "backing_s": backing})
+                     "host_gained_bytes": gained, "intact": intact, **parts})
         shutil.rmtree(d, ignore_errors=True)
     c.close()
     shutil.rmtree(os.path.join(args.disk, "zerohop-bench-tms-disk"), ignore_errors=True)
@@ -291,9 +296,15 @@ def raw_rates(zerohop: str, target: str, size_gib: int) -> dict:
             "raw_read_gbps": max(r["gbps"] for r in b["raw_read"])}
 
 
-def backing_note(row: dict) -> str:
-    b = [x["backing_s"] for x in row["rounds"] if x["backing_s"] is not None]
-    return f"  (resume: {min(b):.3f} s getting the memory back)" if b else ""
+def resume_note(row: dict) -> str:
+    """What zerohop said of the first resume's parts."""
+    said = row["rounds"][0]
+    if said.get("backing_s") is not None:
+        return f"  (first resume: {said['backing_s']:.3f} s getting the memory back)"
+    if "served_s" in said:
+        driver = f", the driver {said['driver_s']:.2f} s of it" if "driver_s" in said else ""
+        return f"  (first resume: {said['served_s']:.2f} s as zerohop timed it{driver})"
+    return ""
 
 
 def report(rows: list, limits: dict, size: int) -> None:
@@ -318,7 +329,35 @@ def report(rows: list, limits: dict, size: int) -> None:
             ok = all(x["intact"] for x in r["rounds"])
             print(f"{r['mode']:<20} {p:8.3f} {s:9.3f} {gb / p:5.1f}/{gb / s:5.1f}"
                   f" {warm(r, 'pause_s'):11.3f} {warm(r, 'resume_s'):12.3f} {gpu:>15} {host:9.0f} MiB"
-                  f" {vs:>16}  {'yes' if ok else 'NO'}{backing_note(r)}")
+                  f" {vs:>16}  {'yes' if ok else 'NO'}{resume_note(r)}")
+
+
+def ledger_lines(args, rows: list, limits: dict) -> list:
+    """Each row's first and warm pause and resume, its ratios to the
+    driver's, and the raw rates, as lines of the results ledger."""
+    command = "python3 bench/suspend.py " + " ".join(sys.argv[1:])
+    shape = "one tensor" if args.tensor_mib << 20 >= args.size_gib << 30 else f"{args.tensor_mib} MiB tensors"
+    driver = next((r for r in rows if r["mode"] == "driver" and r["where"] == "tmpfs"), None)
+    lines = []
+
+    def add(figure: str, value: float) -> None:
+        lines.append(ledger.line(args.commit, args.machine, command, figure, value))
+
+    for where, lim in limits.items():
+        add(f"{where} raw write GB/s {args.size_gib} GiB (suspend.py)", lim["raw_write_gbps"])
+        add(f"{where} raw read GB/s {args.size_gib} GiB (suspend.py)", lim["raw_read_gbps"])
+    for r in rows:
+        name = f"suspend {args.size_gib} GiB {shape}, {r['mode']} row" + (", to disk" if r["where"] == "disk" else "")
+        first, later = r["rounds"][0], r["rounds"][1:]
+        for step in ("pause", "resume"):
+            add(f"{name}, first {step} s", first[f"{step}_s"])
+            if later:
+                add(f"{name}, warm {step} s (best later call)", min(x[f"{step}_s"] for x in later))
+            if driver and r is not driver and r["where"] == "tmpfs":
+                add(f"{name}, first {step}: the driver's over this", driver["rounds"][0][f"{step}_s"] / first[f"{step}_s"])
+        if "served_s" in first:
+            add(f"{name}, first resume as zerohop timed it s", first["served_s"])
+    return lines
 
 
 def main() -> None:
@@ -335,6 +374,9 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="another process uses the freed GPU memory before each resume")
     ap.add_argument("--mlp", action="store_true", help="the process also runs a bf16 MLP captured as a CUDA graph")
     ap.add_argument("--json-out")
+    ap.add_argument("--ledger", help="append every figure to this results ledger (JSON lines)")
+    ap.add_argument("--machine", default=os.uname().nodename, help="the machine, for the ledger")
+    ap.add_argument("--commit", help="the commit measured, for the ledger (default: git's HEAD)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -351,6 +393,7 @@ def main() -> None:
         rows += [run_row(m, "disk", args.disk, args, driver, 1) for m in ("zerohop", "tms-disk")]
     size = args.size_gib << 30
     report(rows, limits, size)
+    ledger.append(args.ledger, ledger_lines(args, rows, limits))
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"bytes": size, "limits": limits, "rows": rows}, f, indent=1)

@@ -337,3 +337,36 @@ def test_chart_draws_one_run_of_the_ledger(tmp_path):
     out = subprocess.run([sys.executable, str(CHART), "--ledger", str(ledger), "--commit", "0000000",
                           "--out", str(svg)], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "no matrix run of commit 0000000" in out.stderr
+
+
+def test_suspend_ledger_has_every_rows_first_and_warm_calls(tmp_path):
+    """bench/suspend.py's ledger lines: each row's first and warm pause and
+    resume, tmpfs rows over the driver's first calls, what the command
+    said its resume took, the raw rates; appended to the ledger given."""
+    import argparse
+
+    import ledger
+    import suspend
+
+    def row(mode, where, pause, resume, **said):
+        return {"mode": mode, "where": where,
+                "rounds": [{"pause_s": pause, "resume_s": resume, **said}, {"pause_s": pause / 2, "resume_s": 0.3}]}
+
+    args = argparse.Namespace(size_gib=16, tensor_mib=16384, commit="abc1234", machine="h200", ledger=None)
+    rows = [row("preload-suspend", "tmpfs", 0.5, 0.4, served_s=0.35), row("driver", "tmpfs", 5.0, 2.0),
+            row("zerohop", "disk", 2.0, 1.0, backing_s=0.1)]
+    lines = suspend.ledger_lines(args, rows, {"tmpfs": {"raw_write_gbps": 20.0, "raw_read_gbps": 30.0}})
+    figures = {x["figure"]: x["value"] for x in lines}
+    assert all(x["commit"] == "abc1234" and x["machine"] == "h200" for x in lines)
+    name = "suspend 16 GiB one tensor, preload-suspend row"
+    assert figures[f"{name}, first pause s"] == 0.5 and figures[f"{name}, warm pause s (best later call)"] == 0.25
+    assert figures[f"{name}, first pause: the driver's over this"] == 10.0
+    assert figures[f"{name}, first resume: the driver's over this"] == 5.0
+    assert figures[f"{name}, first resume as zerohop timed it s"] == 0.35
+    assert figures["suspend 16 GiB one tensor, zerohop row, to disk, first resume s"] == 1.0
+    assert not any("disk" in f and "driver's" in f for f in figures), "the driver's row is on tmpfs only"
+    assert figures["tmpfs raw write GB/s 16 GiB (suspend.py)"] == 20.0
+    path = tmp_path / "results.jsonl"
+    ledger.append(str(path), lines)
+    ledger.append(str(path), [])
+    assert [json.loads(x) for x in path.read_text().splitlines()] == lines
