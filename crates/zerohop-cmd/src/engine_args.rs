@@ -85,7 +85,7 @@ impl EngineArgs {
             io_threads: self.threads,
             remote_streams: self.remote_streams,
             remote_read_bytes: self.remote_read.0,
-            ..EngineConfig::default()
+            ..EngineConfig::keeping_hot_choice()
         };
         c.staging = StagingConfig {
             total_bytes: self.staging.bytes(),
@@ -111,7 +111,6 @@ impl EngineArgs {
         c.read_request_bytes = self.read_request.bytes();
         c.mapped_window_bytes = self.mapped_window.bytes();
         c.write_window_bytes = self.write_window.bytes();
-        c.hot_choice_file = zerohop::hot_choice::default_file();
         c
     }
 

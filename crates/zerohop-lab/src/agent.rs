@@ -134,13 +134,7 @@ pub fn bench(a: &BenchAgentArgs) -> Result<()> {
         DeviceKind::Cuda(n) => format!("cuda:{n}"),
         DeviceKind::Host => "host".into(),
     })?;
-    let engine = Engine::new(
-        device.clone(),
-        EngineConfig {
-            hot_choice_file: zerohop::hot_choice::default_file(),
-            ..EngineConfig::default()
-        },
-    )?;
+    let engine = Engine::new(device.clone(), EngineConfig::keeping_hot_choice())?;
     println!(
         "device   {}{}",
         device.describe(),

@@ -65,9 +65,13 @@ fn make(device: c_int) -> zerohop::Result<Preloaded> {
         usize::try_from(device).map_err(|_| zerohop::Error::invalid("a negative device"))?;
     let dev = CudaDevice::open(ordinal)?;
     let context = dev.context().clone();
+    // The hot-route measurement of every zerohop process on the machine:
+    // else the process's first resume measures it, in two pipeline runs
+    // of its own, right after its suspend wrote the files (which can
+    // disturb it: see `zerohop::hot_choice`).
     let heap = Arc::new(SuspendableHeap::new(Arc::new(Engine::new(
         Arc::new(dev),
-        EngineConfig::default(),
+        EngineConfig::keeping_hot_choice(),
     )?)));
     let quiet = QuietPoint {
         pause: Box::new(move || {

@@ -115,13 +115,8 @@ pub fn upload_engine(place: Place) -> PyResult<Arc<Engine>> {
 fn make_engine(place: Place, adjust: fn(EngineConfig) -> EngineConfig) -> PyResult<Engine> {
     match place {
         Place::Cuda(n) => {
-            // The hot-route measurement is shared with the CLI's.
-            let config = EngineConfig {
-                hot_choice_file: zerohop::hot_choice::default_file(),
-                ..EngineConfig::default()
-            };
             let device = open_gpu(n).map_err(to_py)?;
-            Engine::new(Arc::new(device), adjust(config))
+            Engine::new(Arc::new(device), adjust(EngineConfig::keeping_hot_choice()))
         }
         Place::Host => Engine::new(Arc::new(HostDevice::new()), adjust(host_config())),
         Place::Sim => Engine::new(sim_device()?, adjust(host_config())),

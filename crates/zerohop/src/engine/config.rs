@@ -77,9 +77,25 @@ pub struct EngineConfig {
     /// faster (needs 4x this much hot data to measure).
     pub hot_probe_bytes: u64,
     /// Where to remember that measurement across processes (per device and
-    /// kernel); `None` measures once per engine. The CLI uses
-    /// [`hot_choice::default_file`](super::hot_choice::default_file).
+    /// kernel); `None` measures once per engine. See
+    /// [`EngineConfig::keeping_hot_choice`].
     pub hot_choice_file: Option<std::path::PathBuf>,
+}
+
+impl EngineConfig {
+    /// The defaults, with the hot-route measurement kept in
+    /// [`hot_choice::default_file`](super::hot_choice::default_file): the
+    /// CLI, the Python package and the preloaded library share it, so only
+    /// the first of them on a machine measures. A measurement costs its
+    /// transfer two pipeline runs, and more where the files were just
+    /// written (a preloaded process's first resume, right after its
+    /// suspend).
+    pub fn keeping_hot_choice() -> Self {
+        EngineConfig {
+            hot_choice_file: super::hot_choice::default_file(),
+            ..EngineConfig::default()
+        }
+    }
 }
 
 impl Default for EngineConfig {
