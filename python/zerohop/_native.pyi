@@ -23,6 +23,8 @@ class Sources:
     """Files or objects opened once for many reads (each mapped once)."""
 
     def __init__(self, paths: Sequence[str]) -> None: ...
+    def wait_for_threads(self) -> None:
+        """Until no read-ahead thread holds the files."""
 
 def read(
     device: str,

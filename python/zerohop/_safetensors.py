@@ -89,10 +89,13 @@ class safe_open:
 
     def __exit__(self, *exc: Any) -> None:
         # The file's descriptors and mapping go now, not when the object
-        # does; a read after this opens the file again.
-        self._sources = None
+        # does (the read-ahead's threads let go of them first); a read
+        # after this opens the file again.
         if self._read_ahead is not None:
             self._read_ahead.close()
+        if self._sources is not None:
+            self._sources.wait_for_threads()
+        self._sources = None
         return None
 
     def _opened(self) -> Any:

@@ -7,10 +7,10 @@
 
 use crate::engines::{engine, Place};
 use crate::errors::to_py;
-use crate::transfers::{plan_pieces, read_pieces, to_json, Sources};
+use crate::transfers::{plan_pieces, read_pieces, to_json, ReadThread, Sources};
 use pyo3::prelude::*;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use zerohop::{Error, ErrorKind, OnArrival, ReadChain, Result};
 
 /// A read's outcome: its stats as JSON or its error, once it is over.
@@ -47,8 +47,9 @@ impl Outcome {
 pub struct QueuedRead {
     outcome: Arc<Outcome>,
     /// The chain it is read in, on a device (not host memory): reads
-    /// queued behind it join that chain while it runs.
-    chain: Option<(Place, Arc<ReadChain>)>,
+    /// queued behind it join that chain while it runs. Only the chain's
+    /// thread holds it (and its files), so that they go when it ends.
+    chain: Option<(Place, Weak<ReadChain>)>,
 }
 
 #[pymethods]
@@ -90,9 +91,10 @@ pub fn read_queued(
     let after = after.as_ref().map(Py::get);
     let before = after.map(|read| read.outcome.clone());
     let files = sources.get().files.clone();
+    let thread = sources.get().threads.enter();
     if place == Place::Host {
         let mine = outcome.clone();
-        spawn(before, move || {
+        spawn(before, thread, move || {
             // SAFETY: `keep` owns the destinations, live host memory, and
             // holds them until this closure ends; the caller touches none
             // of it until `wait` returns.
@@ -136,13 +138,15 @@ pub fn read_queued(
     };
     let running = after
         .and_then(|a| a.chain.as_ref())
-        .filter(|(p, chain)| *p == place && Arc::ptr_eq(chain.files(), &files));
+        .filter(|(p, _)| *p == place)
+        .and_then(|(_, chain)| chain.upgrade())
+        .filter(|chain| Arc::ptr_eq(chain.files(), &files));
     let read = match running {
-        Some((_, chain)) => match chain.join(read) {
+        Some(chain) => match chain.join(read) {
             Ok(()) => {
                 return Ok(QueuedRead {
                     outcome,
-                    chain: Some((place, chain.clone())),
+                    chain: Some((place, Arc::downgrade(&chain))),
                 })
             }
             Err(read) => read,
@@ -154,19 +158,26 @@ pub fn read_queued(
     if chain.join(read).is_err() {
         unreachable!("a new chain takes a read");
     }
-    let running = chain.clone();
-    spawn(before, move || engine.run_chain(&running))?;
+    let joined = Arc::downgrade(&chain);
+    spawn(before, thread, move || engine.run_chain(&chain))?;
     Ok(QueuedRead {
         outcome,
-        chain: Some((place, chain)),
+        chain: Some((place, joined)),
     })
 }
 
-/// Runs `read` on a thread of its own once `before` is over.
-fn spawn(before: Option<Arc<Outcome>>, read: impl FnOnce() + Send + 'static) -> PyResult<()> {
+/// Runs `read` on a thread of its own once `before` is over; `thread`
+/// counts it among the threads reading its files until `read` and all it
+/// holds are dropped.
+fn spawn(
+    before: Option<Arc<Outcome>>,
+    thread: ReadThread,
+    read: impl FnOnce() + Send + 'static,
+) -> PyResult<()> {
     std::thread::Builder::new()
         .name("zerohop-read-ahead".into())
         .spawn(move || {
+            let _counted = thread;
             if let Some(before) = before {
                 drop(before.wait_over());
             }

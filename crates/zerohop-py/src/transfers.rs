@@ -6,7 +6,7 @@ use crate::progress::Reporter;
 use pyo3::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use zerohop::machine::MachineInfo;
 use zerohop::plan::{region_holding, TransferPlan};
 use zerohop::safetensors::{read_header, save_safetensors as save_file, Dtype, TensorToSave};
@@ -84,6 +84,8 @@ pub fn object_stamp(py: Python<'_>, url: String) -> PyResult<(u64, String)> {
 pub struct Sources {
     /// Shared with the reads chained over them (see `read_ahead`).
     pub(crate) files: Arc<Vec<SourceFile>>,
+    /// The threads of those reads, which hold `files` until they end.
+    pub(crate) threads: Arc<ReadThreads>,
 }
 
 #[pymethods]
@@ -95,7 +97,54 @@ impl Sources {
             .map_err(to_py)?;
         Ok(Sources {
             files: Arc::new(files),
+            threads: Arc::default(),
         })
+    }
+
+    /// Waits, without the GIL, until no thread of a read of these files
+    /// is left: then the files' descriptors and mappings go with this
+    /// object (`safe_open` closing). A read thread tells its reader the
+    /// outcome before it lets go of the files.
+    fn wait_for_threads(&self, py: Python<'_>) {
+        py.detach(|| self.threads.wait_for_none());
+    }
+}
+
+/// How many threads are reading some `Sources`' files.
+#[derive(Default)]
+pub struct ReadThreads {
+    running: Mutex<usize>,
+    ended: Condvar,
+}
+
+impl ReadThreads {
+    /// Counts a thread in until the returned value is dropped.
+    pub(crate) fn enter(self: &Arc<Self>) -> ReadThread {
+        *self.running.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        ReadThread(self.clone())
+    }
+
+    fn wait_for_none(&self) {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        drop(
+            self.ended
+                .wait_while(running, |n| *n > 0)
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+    }
+}
+
+/// A thread counted in [`ReadThreads`]; counted out when dropped.
+pub(crate) struct ReadThread(Arc<ReadThreads>);
+
+impl Drop for ReadThread {
+    fn drop(&mut self) {
+        *self
+            .0
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) -= 1;
+        self.0.ended.notify_all();
     }
 }
 
