@@ -112,7 +112,7 @@ impl Sources {
 
 /// How many threads are reading some `Sources`' files.
 #[derive(Default)]
-pub struct ReadThreads {
+pub(crate) struct ReadThreads {
     running: Mutex<usize>,
     ended: Condvar,
 }
