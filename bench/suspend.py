@@ -247,9 +247,14 @@ def actions(mode: str, c: Child, d: str, zerohop: str, driver: DriverCheckpoint)
     if mode in ("checkpoint-process", *PRELOADED):
         def cli(verb: str) -> dict:
             out = subprocess.run([zerohop, verb, str(c.pid), d], check=True, capture_output=True, text=True).stdout
-            said = {k: float(m.group(1)) for k, m in (("served_s", re.search(r" in ([0-9.]+) s\b", out)),
-                                                      ("driver_s", re.search(r"\(driver ([0-9.]+) s", out))) if m}
-            return said if verb in ("resume", "restore-process") else {}
+            if verb not in ("resume", "restore-process"):
+                return {}
+            said = {}
+            for key, pattern in (("served_s", r" in ([0-9.]+) s\b"), ("driver_s", r"\(driver ([0-9.]+) s")):
+                found = re.search(pattern, out)
+                if found:
+                    said[key] = float(found.group(1))
+            return said
 
         pause, resume = (("suspend", "resume") if mode == "preload-suspend"
                          else ("checkpoint-process", "restore-process"))
