@@ -27,6 +27,11 @@ tool "zerohop-before" (DIR holds its `zerohop` package, e.g. its wheel
 installed with `pip install --target DIR`): a change against the commit
 before it, in one machine start. `--tools` keeps only the tools named.
 
+Each round takes every shape in turn, in an order that rotates from round
+to round, so that the machine's drift over a run falls on all of them; the
+shapes' files are made first and kept until the last round (5 x SIZE).
+`--time-limit S` starts no round after S seconds.
+
 For each operation it prints zerohop's worst shape over its best (GB/s) and,
 on a GPU, fails (exit 1) when that is under 0.85. On host memory
 (--device cpu, as CI runs it at a small size) it checks that every
@@ -36,6 +41,7 @@ nothing.
     python3 bench/matrix.py [--size 8GiB] [--rounds 3] [--ops load_file,...]
                             [--dir /dev/shm] [--device cuda:0] [--ledger bench/results.jsonl]
                             [--before DIR [--before-commit C]] [--tools zerohop,instanttensor,...]
+                            [--time-limit S]
 """
 
 from __future__ import annotations
@@ -384,37 +390,42 @@ def remove(path: str) -> None:
             os.remove(p)
 
 
-def measure(args, op: str, shape: str, tools: list, paths: list, seed: int) -> dict:
-    """Rounds of every tool on one shape, tools in a rotating order."""
+def measure_round(args, op: str, shape: str, tools: list, paths: list, seed: int, r: int, rows: dict) -> None:
+    """Round `r` of every tool on one shape, tools in an order that rotates
+    with the round; each sample goes to `rows[(op, tool)]`."""
     files = layout(shape, args.size)
-    rows = {t: [] for t in tools}
-    for r in range(args.rounds):
-        order = tools[r % len(tools):] + tools[:r % len(tools)]
-        # Peers and limits may take fewer rounds (--peer-rounds): the slow
-        # saves of 8 GiB take most of a run otherwise.
-        order = [t for t in order if t in ("zerohop", BEFORE) or r < args.peer_rounds]
-        for tool in order:
-            target = os.path.join(args.dir, f"zerohop-matrix-{shape}-{tool}-{r}")
-            ext = {"zerohop": ".safetensors", BEFORE: ".safetensors", "safetensors": ".safetensors",
-                   "torch.save": ".pt"}.get(tool, "")
-            spec = {"device": args.device, "op": op, "tool": tool, "files": files, "paths": paths,
-                    "seed": seed, "target": target + ext}
-            if op == "checkpoint-save":
-                spec["target"] = target + ext if tool not in ("zerohop", BEFORE) else target
-                got = run_child(spec, args.before)
-                # The restore, in a fresh process of its own, right after.
-                load_tool = {"zerohop": "zerohop", BEFORE: BEFORE, "torch.save": "torch.load"}.get(tool)
-                if load_tool and "error" not in got:
-                    back = run_child({**spec, "op": "checkpoint-load", "tool": load_tool}, args.before)
-                    show("checkpoint-load", shape, load_tool, r, back)
-                    rows.setdefault(("checkpoint-load", load_tool), []).append(back)
-                    got["ok"] = back.get("ok", False)
-            else:
-                got = run_child(spec, args.before)
-            show(op, shape, tool, r, got)
-            rows[tool].append(got)
-            remove(spec["target"])
-    return rows
+    order = tools[r % len(tools):] + tools[:r % len(tools)]
+    # Peers and limits may take fewer rounds (--peer-rounds): the slow
+    # saves of 8 GiB take most of a run otherwise.
+    order = [t for t in order if t in ("zerohop", BEFORE) or r < args.peer_rounds]
+    for tool in order:
+        target = os.path.join(args.dir, f"zerohop-matrix-{shape}-{tool}-{r}")
+        ext = {"zerohop": ".safetensors", BEFORE: ".safetensors", "safetensors": ".safetensors",
+               "torch.save": ".pt"}.get(tool, "")
+        spec = {"device": args.device, "op": op, "tool": tool, "files": files, "paths": paths,
+                "seed": seed, "target": target + ext}
+        if op == "checkpoint-save":
+            spec["target"] = target + ext if tool not in ("zerohop", BEFORE) else target
+            got = run_child(spec, args.before)
+            # The restore, in a fresh process of its own, right after.
+            load_tool = {"zerohop": "zerohop", BEFORE: BEFORE, "torch.save": "torch.load"}.get(tool)
+            if load_tool and "error" not in got:
+                back = run_child({**spec, "op": "checkpoint-load", "tool": load_tool}, args.before)
+                show("checkpoint-load", shape, load_tool, r, back)
+                rows.setdefault(("checkpoint-load", load_tool), []).append(back)
+                got["ok"] = back.get("ok", False)
+        else:
+            got = run_child(spec, args.before)
+        show(op, shape, tool, r, got)
+        rows.setdefault((op, tool), []).append(got)
+        remove(spec["target"])
+
+
+def remove_files(paths: dict) -> None:
+    """Every shape's files."""
+    for each in paths.values():
+        for p in each:
+            remove(p)
 
 
 def gbps(x: dict) -> float:
@@ -505,6 +516,8 @@ def main() -> None:
     ap.add_argument("--size", default="8GiB", help="bytes of every shape (8GiB; CI: 64MiB)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--peer-rounds", type=int, help="rounds of peers and limits (default: --rounds)")
+    ap.add_argument("--time-limit", type=float, help="start no round after this many seconds (the first always "
+                    "runs); the tables hold the rounds that ran")
     ap.add_argument("--ops", default=",".join(OPS[:-1]), help=f"of {','.join(OPS[:-1])} (checkpoint-save "
                     "includes checkpoint-load)")
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -541,42 +554,56 @@ def main() -> None:
             print(f"pinned host-to-device copies: {limits['pinned-h2d']:.2f} GB/s")
             lines.append(ledger_line(args, "pinned host-to-device copies GB/s (best of 5)", limits["pinned-h2d"],
                                      command))
-    # Only reads need the shapes' files: saves make their tensors from the
-    # seed (8 GiB of files take 12 - 14 s to make on the GPU machine).
+    # Only reads need the shapes' files, all made before the first round:
+    # saves make their tensors from the seed (8 GiB of files take 12 - 14 s
+    # to make on the GPU machine).
     reads = bool({"load_file", "get_slice"} & set(ops))
-    for seed, shape in enumerate(shapes, start=1):
+    seeds = {shape: seed for seed, shape in enumerate(shapes, start=1)}
+    paths = {}
+    for shape, seed in seeds.items():
         files = layout(shape, args.size)
-        paths = [os.path.join(args.dir, f"zerohop-matrix-{shape}-{k}.safetensors") for k in range(len(files))]
+        paths[shape] = [os.path.join(args.dir, f"zerohop-matrix-{shape}-{k}.safetensors") for k in range(len(files))]
         about = f"{shape}: {sum(len(f) for f in files)} tensors in {len(files)} file(s)"
         if reads:
             t = time.perf_counter()
-            made = run_child({"device": args.device, "op": "make", "tool": "-", "files": files, "paths": paths,
-                              "seed": seed, "target": ""})
+            made = run_child({"device": args.device, "op": "make", "tool": "-", "files": files,
+                              "paths": paths[shape], "seed": seed, "target": ""})
             if "error" in made:
+                remove_files(paths)
                 raise SystemExit(f"cannot make the {shape} files: {made['error']}")
             about += f", made in {time.perf_counter() - t:.1f} s"
         print(about, flush=True)
-        for op in ops:
-            tools = [t for t in tool_list(op, bool(args.before)) if installed(t) and (on_gpu or t != "instanttensor")]
-            if args.tools:
-                tools = [t for t in tools if picked(t, args.tools.split(","))]
-            rows = measure(args, op, shape, tools, paths, seed)
-            for key, samples in rows.items():
-                o, t = key if isinstance(key, tuple) else (op, key)
-                results.setdefault(o, {}).setdefault(shape, {})[t] = samples
-                s = summary(samples)
-                if s["best"]:
-                    # The build before a change by its commit, where given.
-                    name = f"zerohop at {args.before_commit}" if t == BEFORE and args.before_commit else t
-                    lines.append(ledger_line(args, f"{o} {shape} {name} GB/s (best of {s['n']})", s["best"], command))
-                    lines.append(ledger_line(args, f"{o} {shape} {name} GB/s (median of {s['n']})", s["median"],
-                                             command))
-        for p in paths:
-            remove(p)
-        # Each shape's figures in the ledger as soon as it is done: a run
-        # cut short keeps what it measured.
-        write_ledger(args, lines, on_gpu)
-        lines = []
+    tools = {}
+    for op in ops:
+        tools[op] = [t for t in tool_list(op, bool(args.before)) if installed(t) and (on_gpu or t != "instanttensor")]
+        if args.tools:
+            tools[op] = [t for t in tools[op] if picked(t, args.tools.split(","))]
+    # Every shape in each round, in an order that rotates with the round:
+    # the machine's drift over a run (a memory file system writes 25 GB/s
+    # in one minute, 30 in the next) falls on every shape alike, not on
+    # the shapes that came last.
+    rows = {shape: {} for shape in shapes}
+    started = time.monotonic()
+    try:
+        for r in range(args.rounds):
+            if r and args.time_limit and time.monotonic() - started > args.time_limit:
+                print(f"time limit ({args.time_limit:.0f} s): {r} of {args.rounds} rounds ran", flush=True)
+                break
+            for shape in shapes[r % len(shapes):] + shapes[:r % len(shapes)]:
+                for op in ops:
+                    measure_round(args, op, shape, tools[op], paths[shape], seeds[shape], r, rows[shape])
+    finally:
+        remove_files(paths)
+    for shape in shapes:
+        for (o, t), samples in rows[shape].items():
+            results.setdefault(o, {}).setdefault(shape, {})[t] = samples
+            s = summary(samples)
+            if s["best"]:
+                # The build before a change by its commit, where given.
+                name = f"zerohop at {args.before_commit}" if t == BEFORE and args.before_commit else t
+                lines.append(ledger_line(args, f"{o} {shape} {name} GB/s (best of {s['n']})", s["best"], command))
+                lines.append(ledger_line(args, f"{o} {shape} {name} GB/s (median of {s['n']})", s["median"],
+                                         command))
     verdicts = {}
     for op in [o for o in OPS if o in results]:
         ratio, bad = report(op, results[op], limits)

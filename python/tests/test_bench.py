@@ -251,6 +251,28 @@ def test_a_matrix_of_saves_makes_no_files_to_read(tmp_path, matrix_needs):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_matrix_rounds_take_every_shape_in_a_rotating_order(tmp_path, matrix_needs):
+    """Each round takes every shape, the first shape of a round moving on by
+    one, so that the machine's drift falls on all shapes alike; a time limit
+    starts no round after it, and the tables hold the rounds that ran."""
+    def run(*more):
+        out = subprocess.run(
+            [sys.executable, str(MATRIX), "--device", "cpu", "--size", "1MiB", "--dir", str(tmp_path),
+             "--ops", "load_file", "--shapes", "one,four", "--tools", "zerohop", *more],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return out.stdout
+    calls = [line.split(":")[0].strip() for line in run("--rounds", "3").splitlines() if " round " in line]
+    assert calls == [f"load_file {shape} zerohop round {r}" for r, shape in
+                     [(0, "one"), (0, "four"), (1, "four"), (1, "one"), (2, "one"), (2, "four")]], calls
+    limited = run("--rounds", "3", "--time-limit", "0.001", "--json-out", str(tmp_path / "m.json"))
+    assert "time limit (0 s): 1 of 3 rounds ran" in limited, limited
+    results = json.loads((tmp_path / "m.json").read_text())["results"]["load_file"]
+    assert {shape: len(tools["zerohop"]) for shape, tools in results.items()} == {"one": 1, "four": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+
+
 def test_a_wrong_byte_fails_the_matrix(tmp_path, matrix_needs):
     """The check is real: a child that hands back other bytes is reported
     and fails the run (ZEROHOP_MATRIX_CORRUPT flips a loaded byte)."""
