@@ -243,6 +243,33 @@ def test_tensors_in_shared_blocks_load_exactly(tmp_path, monkeypatch):
         assert bits(loaded[name]) == bits(t), name
 
 
+def test_shards_load_through_the_native_layout_in_many_blocks(tmp_path, monkeypatch):
+    """load_file of shards into shared blocks, planned natively: small blocks,
+    so that tensors fill several, the large ones and the empty one stand
+    alone, and every byte and name comes back; a name in two shards is
+    refused, naming both."""
+    monkeypatch.setattr(zerohop._buffers, "shares_blocks", lambda framework, device: framework == "pt")
+    monkeypatch.setattr(zerohop._buffers, "BLOCK_BYTES", 4096)
+    planned = []
+    layout = zerohop._native.safetensors_layout
+    monkeypatch.setattr(zerohop._native, "safetensors_layout", lambda *a: planned.append(a) or layout(*a))
+    tensors = {**model_tensors(), **{f"x.{i}": torch.full((100 + i,), float(i)) for i in range(20)}}
+    names = sorted(tensors)
+    paths = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+    st_torch.save_file({n: tensors[n] for n in names[::2]}, str(paths[0]))
+    st_torch.save_file({n: tensors[n] for n in names[1::2]}, str(paths[1]))
+    loaded = zerohop.load_file(paths, device="cpu")
+    assert len(planned) == 1 and sorted(loaded) == names
+    for name, t in tensors.items():
+        assert loaded[name].dtype == t.dtype and loaded[name].shape == t.shape
+        assert bits(loaded[name]) == bits(t), name
+    storages = {t.untyped_storage().data_ptr() for t in loaded.values() if t.numel()}
+    assert 2 < len(storages) < len(tensors) // 2, "several blocks, each shared"
+    st_torch.save_file({names[0]: tensors[names[0]]}, str(tmp_path / "again.safetensors"))
+    with pytest.raises(ValueError, match=f"{names[0]}.* is in both .*a.safetensors and .*again.safetensors"):
+        zerohop.load_file([paths[0], tmp_path / "again.safetensors"], device="cpu")
+
+
 def many_tensors():
     """More tensors than `_buffers.OVERLAP_MIN`: loads make their views while the
     engine reads."""

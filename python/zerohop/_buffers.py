@@ -323,29 +323,18 @@ def empty(framework: str, dtype: str, shape: Sequence[int], device: str):
 # are made by one split of it (each torch call costs microseconds, which
 # add up over a model of thousands of small tensors).
 BLOCK_BYTES = 1 << 30
-# Where each tensor starts in its block, as torch's allocator aligns.
-_BLOCK_ALIGN = 512
 # Block lengths are a multiple of this (the largest element size), so a
-# block can be viewed as any dtype.
+# block can be viewed as any dtype. Each tensor starts at a multiple of 512
+# bytes in its block, as torch's allocator aligns (`_native.plan_blocks`).
 _BLOCK_ROUND = 16
 
 
 def plan_blocks(sizes: Sequence[int], block_bytes: int) -> List[Optional[Tuple[int, int]]]:
     """Where each of `sizes` (bytes) goes: (block number, offset), blocks
     filled in order, each start aligned, no block over `block_bytes`; None
-    for a size of 0 or of at least `block_bytes` (allocated alone)."""
-    places: List[Optional[Tuple[int, int]]] = []
-    block, used = -1, block_bytes
-    for n in sizes:
-        if n == 0 or n >= block_bytes:
-            places.append(None)
-            continue
-        at = -(-used // _BLOCK_ALIGN) * _BLOCK_ALIGN
-        if at + n > block_bytes:
-            block, at = block + 1, 0
-        places.append((block, at))
-        used = at + n
-    return places
+    for a size of 0 or of at least `block_bytes`, and for a tensor asked
+    for alone (allocated alone)."""
+    return _native.plan_blocks(list(sizes), block_bytes)
 
 
 def shares_blocks(framework: str, device: str) -> bool:
@@ -360,10 +349,11 @@ class Allocation:
     `tensors()`. A load makes them while the engine already fills the
     memory: a model of thousands of small tensors spends tens of
     milliseconds on torch calls that make views (about 18 ms for 3,000 on
-    the H200 machine)."""
+    the H200 machine). From `allocate_layout`, `addresses` and `blocks` are
+    empty: its pieces come with it."""
 
     def __init__(self, addresses: List[int], blocks: List[Optional[int]], owners: List[Any], make: Any,
-                 regions: Optional[List[Tuple[int, int]]] = None):
+                 regions: Optional[List[Tuple[int, int]]] = None, count: Optional[int] = None):
         self.addresses = addresses
         self.blocks = blocks
         # The shared blocks, (address, bytes): the engine may fill the
@@ -372,6 +362,8 @@ class Allocation:
         # What owns the memory: it must outlive any transfer into it.
         self.owners = owners
         self._make = make
+        # How many tensors `tensors()` makes.
+        self.count = len(addresses) if count is None else count
 
     def tensors(self) -> List[Any]:
         return self._make()
@@ -388,7 +380,7 @@ def tensors_while(fill: Callable[[], Any], memories: Sequence[Allocation]) -> Li
     memory: on a thread of its own (a native call that lets go of the GIL)
     when there are `OVERLAP_MIN` tensors or more, else before making them.
     Returned once `fill` is done; its error is raised first."""
-    if sum(len(m.addresses) for m in memories) < OVERLAP_MIN:
+    if sum(m.count for m in memories) < OVERLAP_MIN:
         fill()
         return [m.tensors() for m in memories]
     failed: List[BaseException] = []
@@ -418,41 +410,69 @@ def allocate(framework: str, specs: Sequence[Tuple[str, Sequence[int], int]], de
     share blocks of up to `BLOCK_BYTES` (disjoint views of one allocation
     each); everything else, and a tensor asked for alone, is allocated
     alone."""
-    if len(specs) == 1 or not shares_blocks(framework, device):
+    if not shares_blocks(framework, device):
         alone = [empty(framework, dtype, shape, device) for dtype, shape, _ in specs]
         return Allocation([address(t) for t in alone], [None] * len(specs), alone, lambda: alone)
-    torch = _torch()
     places = plan_blocks([n for _, _, n in specs], BLOCK_BYTES)
     # Each block's members by dtype, as (index, offset) in order.
-    members_of: Dict[int, Dict[str, List[Tuple[int, int]]]] = {}
+    members: Dict[int, Dict[str, List[Tuple[int, int]]]] = {}
     for i, place in enumerate(places):
         if place is not None:
-            members_of.setdefault(place[0], {}).setdefault(specs[i][0], []).append((i, place[1]))
-    addresses = [0] * len(specs)
-    raws = []
-    for by_dtype in members_of.values():
-        end = max(at + specs[i][2] for members in by_dtype.values() for i, at in members)
-        raw = torch.empty(-(-end // _BLOCK_ROUND) * _BLOCK_ROUND, dtype=torch.uint8, device=device)
-        raws.append(raw)
-        base = raw.data_ptr()
-        for members in by_dtype.values():
-            for i, offset in members:
-                addresses[i] = base + offset
+            members.setdefault(place[0], {}).setdefault(specs[i][0], []).append((i, place[1]))
+    ends = [max(at + specs[i][2] for group in by_dtype.values() for i, at in group) for by_dtype in members.values()]
+    raws = _blocks(ends, device)
     alone = {i: empty(framework, specs[i][0], specs[i][1], device) for i, place in enumerate(places) if place is None}
+    addresses = [0] * len(specs)
+    for raw, by_dtype in zip(raws, members.values()):
+        base = raw.data_ptr()
+        for group in by_dtype.values():
+            for i, offset in group:
+                addresses[i] = base + offset
     for i, t in alone.items():
         addresses[i] = address(t)
+    blocks = [None if place is None else place[0] for place in places]
+    return Allocation(addresses, blocks, raws + list(alone.values()),
+                      lambda: _views(raws, [list(m.items()) for m in members.values()], specs, alone),
+                      _regions(raws))
 
-    def make() -> List[Any]:
-        out: List[Any] = [None] * len(specs)
-        for raw, by_dtype in zip(raws, members_of.values()):
-            for name, members in by_dtype.items():
-                views_of(raw, name, members, specs, out)
-        for i, t in alone.items():
-            out[i] = t
-        return out
 
-    return Allocation(addresses, [None if place is None else place[0] for place in places], raws + list(alone.values()), make,
-                      [(raw.data_ptr(), raw.numel()) for raw in raws])
+def allocate_layout(layout: Any, device: str) -> Tuple[Allocation, List[Tuple[int, int, int, int]]]:
+    """Memory for every tensor of a `_native.safetensors_layout` (torch
+    tensors in GPU memory: see `shares_blocks`), and the engine's pieces
+    that fill it. Only the blocks and the tensors allocated alone are made
+    here; the per-tensor work waits for `tensors()`, which a load calls
+    while the engine fills the memory."""
+    raws = _blocks(layout.block_ends(), device)
+    alone = {i: empty("pt", dtype, shape, device) for i, dtype, shape in layout.alone()}
+    pieces = layout.pieces([raw.data_ptr() for raw in raws], [address(t) for t in alone.values()])
+    memory = Allocation([], [], raws + list(alone.values()),
+                        lambda: _views(raws, layout.members(), layout.specs(), alone), _regions(raws), len(layout))
+    return memory, pieces
+
+
+def _blocks(ends: Sequence[int], device: str) -> List[Any]:
+    """A block of GPU memory of at least each of `ends` bytes."""
+    torch = _torch()
+    return [torch.empty(-(-end // _BLOCK_ROUND) * _BLOCK_ROUND, dtype=torch.uint8, device=device) for end in ends]
+
+
+def _regions(raws: Sequence[Any]) -> List[Tuple[int, int]]:
+    """The blocks as the engine's regions, (address, bytes): it may fill
+    the tensors of one block with one copy where they follow each other."""
+    return [(raw.data_ptr(), raw.numel()) for raw in raws]
+
+
+def _views(raws: Sequence[Any], members: Sequence[Sequence[Tuple[str, List[Tuple[int, int]]]]],
+           specs: Sequence[Tuple[str, Sequence[int], int]], alone: Dict[int, Any]) -> List[Any]:
+    """Every tensor, in order: views of the blocks (`members`: each block's
+    (dtype, [(index, offset)])), and those allocated alone."""
+    out: List[Any] = [None] * len(specs)
+    for raw, by_dtype in zip(raws, members):
+        for name, group in by_dtype:
+            views_of(raw, name, group, specs, out)
+    for i, t in alone.items():
+        out[i] = t
+    return out
 
 
 def views_of(raw: Any, name: str, members: List[Tuple[int, int]], specs: Sequence[Tuple[str, Sequence[int], int]], out: List[Any]) -> None:

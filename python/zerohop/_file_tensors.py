@@ -55,20 +55,9 @@ def _placed(wanted: List[_Tensor], device: str, framework: str) -> Tuple[_buffer
     GPU memory, small ones share blocks: see `_buffers.allocate`), and the
     engine's pieces (file, offset, bytes, address) that fill it."""
     memory = _buffers.allocate(framework, [(t.dtype, t.shape, t.end - t.begin) for t in wanted], device)
-    pieces: List[List[int]] = []
-    last_block = None
-    for t, addr, block in zip(wanted, memory.addresses, memory.blocks):
-        n = t.end - t.begin
-        # Tensors of one block that follow each other in the file and in
-        # memory are one piece for the engine (a copy never spans two
-        # allocations).
-        if pieces and block is not None and block == last_block and pieces[-1][0] == t.file \
-                and pieces[-1][1] + pieces[-1][2] == t.begin and pieces[-1][3] + pieces[-1][2] == addr:
-            pieces[-1][2] += n
-        elif n:
-            pieces.append([t.file, t.begin, n, addr])
-        last_block = block
-    return memory, [tuple(p) for p in pieces]
+    pieces = _native.pieces_of([(t.file, t.begin, t.end - t.begin, addr, block)
+                                for t, addr, block in zip(wanted, memory.addresses, memory.blocks)])
+    return memory, pieces
 
 
 def _load(
@@ -82,9 +71,25 @@ def _load(
     or a `_native.Sources`); their views are made while it runs."""
     wanted = list(wanted)
     memory, pieces = _placed(wanted, device, framework)
+    return dict(zip((t.name for t in wanted), _filled(sources, memory, pieces, device, progress)))
+
+
+def _load_files(paths: List[str], device: str, framework: str, progress: Progress) -> Dict[str, Any]:
+    """Every tensor of safetensors files, as `_load` reads them. Where they
+    share blocks of GPU memory, the layout is planned natively and the
+    transfer starts before a Python object is made per tensor."""
+    if not _buffers.shares_blocks(framework, device):
+        _, tensors = _headers(paths)
+        return _load(paths, tensors.values(), device, framework, progress)
+    layout = _native.safetensors_layout(paths, _buffers.BLOCK_BYTES)
+    memory, pieces = _buffers.allocate_layout(layout, device)
+    return dict(zip(layout.names(), _filled(paths, memory, pieces, device, progress)))
+
+
+def _filled(sources: Any, memory: _buffers.Allocation, pieces: List[Tuple[int, ...]], device: str,
+            progress: Progress) -> List[Any]:
+    """`memory`'s tensors, once the engine has filled it with `pieces`."""
+    if not pieces:
+        return memory.tensors()
     args = (device, sources, pieces, _buffers.current_stream(device), progress)
-    if pieces:
-        tensors = _buffers.tensors_while(lambda: _native.read(*args, stats=False, regions=memory.regions), [memory])[0]
-    else:
-        tensors = memory.tensors()
-    return {t.name: x for t, x in zip(wanted, tensors)}
+    return _buffers.tensors_while(lambda: _native.read(*args, stats=False, regions=memory.regions), [memory])[0]

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _buffers, _native
 from ._calls import without_cycle_collection
-from ._file_tensors import Progress, _headers, _load, _Tensor
+from ._file_tensors import Progress, _headers, _load, _load_files, _Tensor
 from ._read_ahead import _own, _ReadAhead
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -38,9 +38,7 @@ def load_file(
     paths = [os.fspath(filename)] if isinstance(filename, (str, os.PathLike)) else [os.fspath(p) for p in filename]
     if any(_native.is_object(p) for p in paths):
         paths = _native.expand_names(paths)
-    device = _buffers.device_name(device)
-    _, tensors = _headers(paths)
-    return _load(list(paths), tensors.values(), device, framework, progress)
+    return _load_files(list(paths), _buffers.device_name(device), framework, progress)
 
 
 def _stamp(path: str) -> Tuple[Any, ...]:

@@ -11,6 +11,7 @@ mod agent;
 mod checkpoint;
 mod engines;
 mod errors;
+mod layout;
 mod process;
 mod progress;
 mod read_ahead;
@@ -33,6 +34,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfers::info, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::safetensors_header, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::read, m)?)?;
+    m.add_function(wrap_pyfunction!(layout::safetensors_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(layout::plan_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(layout::pieces_of, m)?)?;
+    m.add_class::<layout::Layout>()?;
     m.add_function(wrap_pyfunction!(read_ahead::read_queued, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::expand_names, m)?)?;
     m.add_function(wrap_pyfunction!(transfers::object_stamp, m)?)?;
