@@ -75,12 +75,7 @@ def instrument(marks: dict, stats: dict, warm: bool, variant: str) -> float:
             stats.update(json.loads(out))
             return out
 
-    real_allocate = _buffers.allocate
-
-    def allocate(*args):
-        marks["alloc_enter"] = now()
-        memory = real_allocate(*args)
-        marks["alloc_exit"] = now()
+    def timed_views(memory) -> None:
         make = memory._make
 
         def timed_make():
@@ -90,10 +85,21 @@ def instrument(marks: dict, stats: dict, warm: bool, variant: str) -> float:
             return out
 
         memory._make = timed_make
-        return memory
 
+    def timed(real, memory_of):
+        """`real` (an allocation) marked, and the views of what it returns."""
+        def allocate(*args):
+            marks["alloc_enter"] = now()
+            out = real(*args)
+            marks["alloc_exit"] = now()
+            timed_views(memory_of(out))
+            return out
+        return allocate
+
+    _buffers.allocate = timed(_buffers.allocate, lambda memory: memory)
+    # load_file's tensors in shared blocks: the native layout's allocation.
+    _buffers.allocate_layout = timed(_buffers.allocate_layout, lambda out: out[0])
     _file_tensors._native = TimedNative()
-    _buffers.allocate = allocate
     if variant == "views-after":
         _buffers.OVERLAP_MIN = 1 << 30
     return now()
