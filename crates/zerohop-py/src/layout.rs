@@ -64,9 +64,11 @@ pub fn pieces(
     for (file, begin, n, addr, block) in tensors {
         let joins = block.is_some()
             && block == last_block
-            && out
-                .last()
-                .is_some_and(|p| p.0 == file && p.1 + p.2 == begin && p.3 + p.2 == addr);
+            && out.last().is_some_and(|p| {
+                p.0 == file
+                    && p.1.checked_add(p.2) == Some(begin)
+                    && p.3.checked_add(p.2) == Some(addr)
+            });
         if joins {
             out.last_mut().expect("checked").2 += n;
         } else if n > 0 {
@@ -79,14 +81,12 @@ pub fn pieces(
 
 /// `places` for Python: (block, offset) or None for each size.
 #[pyfunction]
-#[pyo3(name = "plan_blocks")]
 pub fn plan_blocks(sizes: Vec<u64>, block_bytes: u64) -> Vec<Place> {
     places(&sizes, block_bytes)
 }
 
 /// `pieces` for Python, of (file, begin, bytes, address, block) tuples.
 #[pyfunction]
-#[pyo3(name = "pieces_of")]
 pub fn pieces_of(tensors: Vec<(usize, u64, u64, u64, Option<usize>)>) -> Vec<Piece> {
     pieces(tensors)
 }
