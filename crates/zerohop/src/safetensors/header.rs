@@ -374,7 +374,8 @@ impl<'de> Deserialize<'de> for EntryFields {
 }
 
 /// An entry as a well-formed header writes it, read with no JSON value per
-/// field: a header of 3,280 tensors parses in about 1 ms less. Any other
+/// field (a header of 3,280 tensors: 1.8 ms rather than 2.1 on a 2-core
+/// development host, through `_native.safetensors_layout`). Any other
 /// entry (a field missing, repeated, unknown or of another type) is read
 /// again as `EntryFields`, whose errors say what is wrong with it.
 #[derive(serde::Deserialize)]
