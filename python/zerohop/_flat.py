@@ -170,9 +170,11 @@ def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, 
     target = _buffers.device_name(device) if device is not None else None
     # The entries by where they go, allocated together: on a GPU, small
     # ones share blocks, as a load_file's tensors do (one allocation each
-    # is a torch call, and often a driver one, per tensor).
+    # is a torch call, and often a driver one, per tensor). In the order
+    # their bytes lie in the data files: neighbours there are neighbours in
+    # a block, and one device copy fills them.
     groups: Dict[Tuple[str, str], List[str]] = {}
-    for name in entries:
+    for name in opened.file_order():
         framework = frameworks.get(name, "pt" if _buffers._torch() is not None else "np")
         place = target or devices.get(name, "cpu")
         if framework == "np" and place.startswith("cuda"):
@@ -195,8 +197,9 @@ def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, 
         device = devices_used.pop()
         targets = [(name, addr, entries[name][2]) for names, _, memory in allocated
                    for name, addr in zip(names, memory.addresses)]
+        regions = [r for memory in memories for r in memory.regions]
         made = _buffers.tensors_while(lambda: opened.restore(
-            device, targets, _buffers.current_stream(device), progress), memories)
+            device, targets, _buffers.current_stream(device), progress, regions), memories)
     else:
         made = [memory.tensors() for memory in memories]
     by_name = {name: t for (names, _, _), ts in zip(allocated, made) for name, t in zip(names, ts)}

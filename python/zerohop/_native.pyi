@@ -96,12 +96,14 @@ def checkpoint_open(at: str) -> OpenedCheckpoint: ...
 class OpenedCheckpoint:
     def metadata(self) -> Dict[str, str]: ...
     def entries(self) -> List[Tuple[str, Optional[str], Optional[List[int]], int]]: ...
+    def file_order(self) -> List[str]: ...  # entry names, in the order their bytes lie in the data files
     def restore(
         self,
         device: str,
         targets: Sequence[Tuple[str, int, int]],
         stream: Optional[int] = None,
         progress: Any = None,
+        regions: Optional[Sequence[Tuple[int, int]]] = None,  # (address, bytes) of blocks holding targets
     ) -> str: ...
 
 def checkpoint_verify(at: str, progress: Any = None) -> Tuple[int, int]: ...  # (chunks, bytes)

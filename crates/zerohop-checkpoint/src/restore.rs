@@ -10,7 +10,7 @@ use crate::manifest::{checksum_hex, chunk_checksum, Manifest, Piece};
 use crate::save::check_geometry;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use zerohop::plan::TransferPlan;
+use zerohop::plan::{region_holding, TransferPlan};
 use zerohop::storage::SourceFile;
 use zerohop::{DeviceBuffer, Engine, Error, ErrorKind, Progress, Result, TransferStats};
 
@@ -33,7 +33,8 @@ pub fn restore(engine: &Engine, at: &Location, progress: Option<Progress<'_>>) -
         .iter()
         .map(|e| engine.device().alloc(e.bytes as usize))
         .collect::<Result<Vec<_>>>()?;
-    let stats = restore_entries(engine, at, &manifest, sources, &buffers, progress)?;
+    let into: Vec<(&DeviceBuffer, u64)> = buffers.iter().map(|b| (b, 0)).collect();
+    let stats = restore_entries(engine, at, &manifest, sources, &buffers, &into, progress)?;
     Ok(Restored {
         manifest,
         buffers,
@@ -50,17 +51,21 @@ pub fn restore_into(
     targets: &[(&str, DeviceBuffer)],
     progress: Option<Progress<'_>>,
 ) -> Result<TransferStats> {
-    restore_manifest_into(engine, at, &at.manifest()?, targets, progress)
+    restore_manifest_into(engine, at, &at.manifest()?, targets, &[], progress)
 }
 
 /// `restore_into` with `at`'s manifest already read (`at.manifest()`):
 /// a caller that looks at the entries first reads and decodes it once
-/// (a few milliseconds for thousands of entries).
+/// (a few milliseconds for thousands of entries). `blocks` are
+/// allocations that hold several targets each (tensors that share a
+/// block): a target inside one is read into it, so that one device copy
+/// fills targets that follow each other there and in a data file.
 pub fn restore_manifest_into(
     engine: &Engine,
     at: &Location,
     manifest: &Manifest,
     targets: &[(&str, DeviceBuffer)],
+    blocks: &[DeviceBuffer],
     progress: Option<Progress<'_>>,
 ) -> Result<TransferStats> {
     let by_name: HashMap<&str, &DeviceBuffer> = targets.iter().map(|(n, b)| (*n, b)).collect();
@@ -93,7 +98,30 @@ pub fn restore_manifest_into(
         }
     }
     let sources = Sources::open(at, manifest)?;
-    restore_entries(engine, at, manifest, sources, &ordered, progress)
+    let into = within_blocks(&ordered, blocks);
+    restore_entries(engine, at, manifest, sources, &ordered, &into, progress)
+}
+
+/// Where each target's bytes are read into: the block of `blocks` that
+/// holds it, at its offset there, else the target itself.
+fn within_blocks<'b>(
+    targets: &'b [DeviceBuffer],
+    blocks: &'b [DeviceBuffer],
+) -> Vec<(&'b DeviceBuffer, u64)> {
+    let mut by_addr: Vec<&DeviceBuffer> = blocks.iter().collect();
+    by_addr.sort_unstable_by_key(|b| (b.addr(), b.len()));
+    let ranges: Vec<(u64, u64)> = by_addr.iter().map(|b| (b.addr(), b.len() as u64)).collect();
+    targets
+        .iter()
+        .map(
+            |t| match region_holding(&ranges, t.addr(), t.len() as u64) {
+                Some(k) if by_addr[k].device() == t.device() => {
+                    (by_addr[k], t.addr() - by_addr[k].addr())
+                }
+                _ => (t, 0),
+            },
+        )
+        .collect()
 }
 
 /// Where one chunk's bytes are read from, and what they must hash to.
@@ -104,12 +132,15 @@ struct Expected<'m> {
     chunk: usize,
 }
 
+/// Reads `m`'s entries into `targets` (in manifest order), each through
+/// `into`: the buffer its bytes are read into and where it starts there.
 fn restore_entries(
     engine: &Engine,
     at: &Location,
     m: &Manifest,
     sources: Sources,
     targets: &[DeviceBuffer],
+    into: &[(&DeviceBuffer, u64)],
     progress: Option<Progress<'_>>,
 ) -> Result<TransferStats> {
     check_geometry(engine, m.chunk_bytes)?;
@@ -152,10 +183,18 @@ fn restore_entries(
             let from = c.offset.max(p.offset);
             let to = (c.offset + c.len).min(p.offset + p.bytes);
             if from < to {
-                let into = at + from - p.offset;
-                plan.add(&sources.files, src, from, to - from, &targets[i], into)?;
+                let in_entry = at + from - p.offset;
+                let (buffer, start) = into[i];
+                plan.add(
+                    &sources.files,
+                    src,
+                    from,
+                    to - from,
+                    buffer,
+                    start + in_entry,
+                )?;
                 if landed.is_some() {
-                    lands.push(targets[i].slice(into as usize, (to - from) as usize)?);
+                    lands.push(targets[i].slice(in_entry as usize, (to - from) as usize)?);
                 }
             }
         }

@@ -351,6 +351,89 @@ fn a_restore_from_the_page_cache_copies_from_the_mapping_and_checks_every_chunk(
     assert!(err.to_string().contains("\"t.6\""), "{err}");
 }
 
+/// Targets that share a block (as `checkpoint.load`'s tensors share
+/// blocks) and follow each other there as in their data file are filled by
+/// fewer device copies than targets allocated alone; targets of a block in
+/// another order come back right all the same.
+#[test]
+fn targets_in_one_block_are_filled_by_fewer_copies() {
+    let dir = TestDir::new("restore-blocks");
+    let sim = Arc::new(SimDevice::new(SimConfig {
+        max_copy_delay: Duration::from_micros(200),
+        ..SimConfig::default()
+    }));
+    let e = Engine::new(
+        sim.clone(),
+        EngineConfig {
+            staging: StagingConfig {
+                total_bytes: 8 * 2 * CHUNK as usize,
+                slot_bytes: 2 * CHUNK as usize,
+            },
+            io_threads: 3,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    const N: usize = 12;
+    const SIZE: usize = 4096;
+    let data: Vec<Vec<u8>> = (0..N).map(|i| pattern(SIZE, 90 + i as u64)).collect();
+    let regions: Vec<Region> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let b = e.device().alloc(SIZE).unwrap();
+            e.device().write_from_host(&b, 0, d).unwrap();
+            Region::raw(format!("w.{i:02}"), b)
+        })
+        .collect();
+    let ck = dir.path("c");
+    let one_file = SaveOptions {
+        shards: Some(1),
+        ..opts()
+    };
+    let m = save(&e, &regions, &ck, &one_file, None).unwrap().manifest;
+    // Hot, as a checkpoint just written to tmpfs: copied out of its mapping.
+    std::fs::read(ck.join(&m.files[0].name)).unwrap();
+    let at = by_dir::at(&ck);
+    let copies = |targets: &[(&str, DeviceBuffer)], blocks: &[DeviceBuffer]| {
+        let before = sim.copy_counts().0;
+        zerohop_checkpoint::restore_manifest_into(&e, &at, &m, targets, blocks, None).unwrap();
+        sim.copy_counts().0 - before
+    };
+    let names: Vec<&str> = regions.iter().map(|g| g.name.as_str()).collect();
+
+    let alone: Vec<DeviceBuffer> = (0..N).map(|_| e.device().alloc(SIZE).unwrap()).collect();
+    let targets: Vec<(&str, DeviceBuffer)> =
+        names.iter().copied().zip(alone.iter().cloned()).collect();
+    let each_alone = copies(&targets, &[]);
+    assert!(
+        each_alone >= N as u64,
+        "{each_alone} copies for {N} targets alone"
+    );
+
+    let block = e.device().alloc(N * SIZE).unwrap();
+    let in_block = |order: &dyn Fn(usize) -> usize| -> Vec<(&str, DeviceBuffer)> {
+        (0..N)
+            .map(|i| (names[i], block.slice(order(i) * SIZE, SIZE).unwrap()))
+            .collect()
+    };
+    let in_order = in_block(&|i| i);
+    let joined = copies(&in_order, std::slice::from_ref(&block));
+    assert!(
+        joined * 2 <= each_alone,
+        "{joined} copies into one block against {each_alone} into targets alone"
+    );
+    for (i, (_, b)) in in_order.iter().enumerate() {
+        assert!(contents(&e, b) == data[i], "{}", names[i]);
+    }
+
+    let reversed = in_block(&|i| N - 1 - i);
+    copies(&reversed, std::slice::from_ref(&block));
+    for (i, (_, b)) in reversed.iter().enumerate() {
+        assert!(contents(&e, b) == data[i], "{}", names[i]);
+    }
+}
+
 /// A restore checks every chunk on the device where it can hash them, in
 /// staging where it cannot, and reads again, checking in staging, where the
 /// device's hashing fails: each way the bytes come back, a flipped byte is

@@ -113,9 +113,19 @@ impl OpenedCheckpoint {
             .collect()
     }
 
+    /// Its entries' names in the order their bytes lie in the data files:
+    /// tensors allocated in this order side by side are filled by one copy.
+    fn file_order(&self) -> Vec<String> {
+        let mut order: Vec<_> = self.manifest.entries.iter().collect();
+        order.sort_by_key(|e| (e.file, e.offset));
+        order.into_iter().map(|e| e.name.clone()).collect()
+    }
+
     /// Restores it in place into `targets` of `device`, each (entry name,
-    /// address, bytes); every chunk's checksum is checked.
-    #[pyo3(signature = (device, targets, stream=None, progress=None))]
+    /// address, bytes); every chunk's checksum is checked. `regions`
+    /// (address, bytes) are allocations that hold several targets each: a
+    /// copy may fill targets that follow each other in one of them.
+    #[pyo3(signature = (device, targets, stream=None, progress=None, regions=None))]
     fn restore(
         &self,
         py: Python<'_>,
@@ -123,21 +133,35 @@ impl OpenedCheckpoint {
         targets: Vec<(String, u64, u64)>,
         stream: Option<u64>,
         progress: Option<Bound<'_, PyAny>>,
+        regions: Option<Vec<(u64, u64)>>,
     ) -> PyResult<String> {
         let engine = py.detach(|| engine(Place::parse(device)?))?;
         let total = targets.iter().map(|t| t.2).sum();
         let reporter = Reporter::new(progress.as_ref(), "restoring", total)?;
         let stats = py.detach(|| {
+            let borrow = |addr: u64, len: u64| {
+                // SAFETY: as in `checkpoint_save`; the regions, too, are
+                // live memory of `device` that the caller keeps alive.
+                unsafe { engine.device().borrow(addr, len as usize, stream) }
+            };
             let buffers = targets
                 .iter()
-                .map(|(name, addr, len)| {
-                    // SAFETY: as in `checkpoint_save`.
-                    let b = unsafe { engine.device().borrow(*addr, *len as usize, stream) }?;
-                    Ok((name.as_str(), b))
-                })
+                .map(|(name, addr, len)| Ok((name.as_str(), borrow(*addr, *len)?)))
                 .collect::<Result<Vec<(&str, DeviceBuffer)>>>()?;
+            let blocks = regions
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(addr, len)| borrow(addr, len))
+                .collect::<Result<Vec<DeviceBuffer>>>()?;
             reporter.with(|progress| {
-                ckpt::restore_manifest_into(&engine, &self.at, &self.manifest, &buffers, progress)
+                ckpt::restore_manifest_into(
+                    &engine,
+                    &self.at,
+                    &self.manifest,
+                    &buffers,
+                    &blocks,
+                    progress,
+                )
             })
         });
         finish(reporter, stats)
