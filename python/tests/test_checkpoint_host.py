@@ -118,13 +118,11 @@ def test_a_malformed_structure_is_a_value_error(tmp_path, monkeypatch):
     """The structure comes from the manifest, which is checksummed; one
     written by another tool may still be wrong."""
     checkpoint.save({"a": np.ones(3, np.float32)}, tmp_path / "ck")
-    original = _flat._open
 
-    def tampered(dir):
-        opened, _, entries = original(dir)
-        return opened, {"dict": [[{"str": "a"}, {"tensor": "missing", "device": "cpu", "framework": "np"}]]}, entries
+    def tampered(opened):
+        return {"dict": [[{"str": "a"}, {"tensor": "missing", "device": "cpu", "framework": "np"}]]}
 
-    monkeypatch.setattr(_flat, "_open", tampered)
+    monkeypatch.setattr(_flat, "_structure", tampered)
     with pytest.raises(ValueError, match="malformed"):
         checkpoint.load(tmp_path / "ck")
 
@@ -171,3 +169,37 @@ def test_checksums_are_the_same_wherever_the_bytes_are_hashed():
     assert len(set(on_host)) == 3 and all(len(h) == 16 for h in on_host)
     data[5] += 1
     assert _native.checksums("cpu", buffers[:1]) != on_host[:1]
+
+
+def test_a_load_reads_the_structure_while_the_data_moves_and_raises_the_reads_error_first():
+    """`tensors_while` runs `meanwhile` (a load's reading of the saved
+    structure) on the calling thread while the fill still runs; where both
+    fail, the fill's error is the one raised."""
+    from zerohop import _buffers
+    import threading
+
+    n = _buffers.OVERLAP_MIN
+    memory = _buffers.Allocation([], [], [], lambda: list(range(n)), count=n)
+    structure_read = threading.Event()
+    seen = []
+
+    def fill():
+        seen.append(structure_read.wait(timeout=30))
+
+    made = _buffers.tensors_while(fill, [memory], meanwhile=structure_read.set)
+    assert made == [list(range(n))] and seen == [True]
+
+    def failing_fill():
+        structure_read.wait(timeout=30)
+        raise OSError("the read failed")
+
+    def bad_structure():
+        structure_read.set()
+        raise ValueError("malformed structure")
+
+    structure_read.clear()
+    with pytest.raises(OSError, match="the read failed"):
+        _buffers.tensors_while(failing_fill, [memory], meanwhile=bad_structure)
+    structure_read.clear()
+    with pytest.raises(ValueError, match="malformed structure"):
+        _buffers.tensors_while(fill, [memory], meanwhile=bad_structure)

@@ -375,13 +375,16 @@ class Allocation:
 OVERLAP_MIN = 64
 
 
-def tensors_while(fill: Callable[[], Any], memories: Sequence[Allocation]) -> List[List[Any]]:
+def tensors_while(fill: Callable[[], Any], memories: Sequence[Allocation],
+                  meanwhile: Callable[[], Any] = lambda: None) -> List[List[Any]]:
     """The tensors of each of `memories`, made while `fill()` fills their
     memory: on a thread of its own (a native call that lets go of the GIL)
     when there are `OVERLAP_MIN` tensors or more, else before making them.
-    Returned once `fill` is done; its error is raised first."""
+    `meanwhile()` runs after them on the calling thread, while `fill` may
+    still run. Returned once `fill` is done; its error is raised first."""
     if sum(m.count for m in memories) < OVERLAP_MIN:
         fill()
+        meanwhile()
         return [m.tensors() for m in memories]
     failed: List[BaseException] = []
 
@@ -395,12 +398,17 @@ def tensors_while(fill: Callable[[], Any], memories: Sequence[Allocation]) -> Li
 
     filler = threading.Thread(target=run, args=(memories,), name="zerohop-load", daemon=True)
     filler.start()
+    besides: List[BaseException] = []
     try:
         tensors = [m.tensors() for m in memories]
+        try:
+            meanwhile()
+        except Exception as e:  # raised after fill's own
+            besides.append(e)
     finally:
         filler.join()
-    if failed:
-        raise failed[0]
+    if failed or besides:
+        raise (failed + besides)[0]
     return tensors
 
 

@@ -145,13 +145,18 @@ def _refuse_partial_overlaps(buffers: Dict[str, "_buffers.Buffer"]) -> None:
         raise ValueError(f"{' and '.join(shared[0])} share memory (views of one tensor): save one, or clone the others")
 
 
-def _open(dir: PathLike) -> Tuple[Any, Any, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]]:
-    """The checkpoint at `dir` with its manifest read once, its saved
-    structure, and its entries by name."""
+def _open(dir: PathLike) -> Tuple[Any, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]]:
+    """The checkpoint at `dir` with its manifest read once, and its entries
+    by name."""
     opened = _native.checkpoint_open(os.fspath(dir))
+    return opened, {name: (dtype, shape, nbytes) for name, dtype, shape, nbytes in opened.entries()}
+
+
+def _structure(opened: Any) -> Any:
+    """The saved state's structure, or None (saved by the CLI or the Rust
+    API: entries by name)."""
     metadata = opened.metadata()
-    skeleton = json.loads(metadata[STATE_KEY]) if STATE_KEY in metadata else None
-    return opened, skeleton, {name: (dtype, shape, nbytes) for name, dtype, shape, nbytes in opened.entries()}
+    return json.loads(metadata[STATE_KEY]) if STATE_KEY in metadata else None
 
 
 def _decode_state(dir: PathLike, skeleton: Any, tensors: Dict[str, Any]) -> Any:
@@ -163,11 +168,22 @@ def _decode_state(dir: PathLike, skeleton: Any, tensors: Dict[str, Any]) -> Any:
 
 def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, Dict[str, Any]]:
     """A checkpoint's structure and all its tensors, by entry name."""
-    opened, skeleton, entries = _open(dir)
+    opened, entries = _open(dir)
+    target = _buffers.device_name(device) if device is not None else None
+    # Read once, when first needed: into a GPU every tensor is torch's, so
+    # the structure, which says where each was saved from and as what, is
+    # read while the data moves (thousands of tensors' take milliseconds).
+    structure: List[Any] = []
+
+    def skeleton() -> Any:
+        if not structure:
+            structure.append(_structure(opened))
+        return structure[0]
+
     devices: Dict[str, str] = {}
     frameworks: Dict[str, str] = {}
-    _tensor_places(skeleton, devices, frameworks)
-    target = _buffers.device_name(device) if device is not None else None
+    if target is None or not target.startswith("cuda"):
+        _tensor_places(skeleton(), devices, frameworks)
     # The entries by where they go, allocated together: on a GPU, small
     # ones share blocks, as a load_file's tensors do (one allocation each
     # is a torch call, and often a driver one, per tensor). In the order
@@ -199,14 +215,14 @@ def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, 
                    for name, addr in zip(names, memory.addresses)]
         regions = [r for memory in memories for r in memory.regions]
         made = _buffers.tensors_while(lambda: opened.restore(
-            device, targets, _buffers.current_stream(device), progress, regions), memories)
+            device, targets, _buffers.current_stream(device), progress, regions), memories, meanwhile=skeleton)
     else:
         made = [memory.tensors() for memory in memories]
     by_name = {name: t for (names, _, _), ts in zip(allocated, made) for name, t in zip(names, ts)}
     tensors = {name: by_name[name] for name in entries}
     if len(devices_used) > 1:
         _restore(opened, {n: _buffers.describe(t, writable=True) for n, t in tensors.items()}, progress)
-    return skeleton, tensors
+    return skeleton(), tensors
 
 
 def _tensor_places(node: Any, devices: Dict[str, str], frameworks: Dict[str, str]) -> None:
@@ -262,7 +278,8 @@ def _decode(node: Any, tensors: Dict[str, Any]) -> Any:
 def _restore_flat(flat: _Flattener, mine: Any, dir: PathLike, progress: Progress) -> None:
     """Restores `dir` into the tensors `flat` collected from a state whose
     structure is `mine`."""
-    opened, skeleton, entries = _open(dir)
+    opened, entries = _open(dir)
+    skeleton = _structure(opened)
     if skeleton is None:
         raise ValueError(f"{os.fspath(dir)} holds no saved structure: use load()")
     if _shape_of(mine) != _shape_of(skeleton):
