@@ -6,6 +6,7 @@ checkpoint directory and restored from one."""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import sys
@@ -173,12 +174,7 @@ def _load_tensors(dir: PathLike, device: Any, progress: Progress) -> Tuple[Any, 
     # Read once, when first needed: into a GPU every tensor is torch's, so
     # the structure, which says where each was saved from and as what, is
     # read while the data moves (thousands of tensors' take milliseconds).
-    structure: List[Any] = []
-
-    def skeleton() -> Any:
-        if not structure:
-            structure.append(_structure(opened))
-        return structure[0]
+    skeleton = functools.cache(lambda: _structure(opened))
 
     devices: Dict[str, str] = {}
     frameworks: Dict[str, str] = {}
