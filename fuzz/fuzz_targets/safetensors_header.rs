@@ -1,10 +1,11 @@
 //! The safetensors header parser on arbitrary bytes: it must return a
 //! header or an error, never panic, and never accept a header whose tensors
-//! leave the file or overlap.
+//! leave the file or overlap. A header it accepts, written again by the
+//! serializer, parses back the same (whatever its names and metadata hold).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zerohop::safetensors::parse_header;
+use zerohop::safetensors::{parse_header, serialize_header};
 
 fuzz_target!(|data: &[u8]| {
     // The first 8 bytes say how long the claimed file is beyond the input,
@@ -22,5 +23,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(t.dtype.byte_len(&t.shape).ok(), Some(t.len()));
             end = t.end;
         }
+        let again = serialize_header(&h.tensors, &h.metadata, 8);
+        let back = parse_header(&again, again.len() as u64 + h.data_len)
+            .expect("a header written by serialize_header parses");
+        assert_eq!(back.tensors, h.tensors);
+        assert_eq!(back.metadata, h.metadata);
     }
 });

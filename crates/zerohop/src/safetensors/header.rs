@@ -5,6 +5,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::io::Write as _;
 use std::marker::PhantomData;
 
 /// Headers larger than this are refused (the reference implementation's
@@ -470,10 +471,14 @@ fn entry_fields(name: &str, v: &RawValue) -> Result<(Dtype, Vec<u64>, u64, u64)>
     Ok((dtype, shape, begin, end))
 }
 
-/// Serializes a header for `tensors` (in data order, contiguous from 0),
-/// padded with spaces (which JSON ignores) so the data section starts at a
-/// multiple of `align` (a power of two >= 8; 4096 lets the data be written
-/// with O_DIRECT). Returns the bytes to write at file offset 0.
+/// Serializes a header for `tensors` (in data order, contiguous from 0,
+/// names distinct), padded with spaces (which JSON ignores) so the data
+/// section starts at a multiple of `align` (a power of two >= 8; 4096 lets
+/// the data be written with O_DIRECT). Returns the bytes to write at file
+/// offset 0. The metadata comes first, then the tensors in data order, as
+/// safetensors writes them. The JSON is written as it goes: a data file of
+/// a checkpoint names thousands of tensors, and a tree of JSON values made
+/// first took a dozen allocations for each.
 pub fn serialize_header(
     tensors: &[TensorInfo],
     metadata: &BTreeMap<String, String>,
@@ -483,24 +488,31 @@ pub fn serialize_header(
         align.is_power_of_two() && align >= 8,
         "bad header alignment"
     );
-    let mut root = Map::new();
+    // The length goes in front once the JSON is known.
+    let mut out = Vec::with_capacity(64 + tensors.len() * 96);
+    out.extend_from_slice(&[0; 8]);
+    out.push(b'{');
     if !metadata.is_empty() {
-        root.insert(
-            "__metadata__".into(),
-            serde_json::to_value(metadata).expect("strings serialize"),
-        );
+        out.extend_from_slice(b"\"__metadata__\":");
+        serde_json::to_writer(&mut out, metadata).expect("strings serialize");
     }
-    for t in tensors {
-        root.insert(
-            t.name.clone(),
-            serde_json::json!({ "dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [t.begin, t.end] }),
-        );
+    for (i, t) in tensors.iter().enumerate() {
+        if i > 0 || !metadata.is_empty() {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, &t.name).expect("a string serializes");
+        write!(out, ":{{\"dtype\":\"{}\",\"shape\":[", t.dtype.name()).expect("a Vec takes writes");
+        for (k, d) in t.shape.iter().enumerate() {
+            let comma = if k > 0 { "," } else { "" };
+            write!(out, "{comma}{d}").expect("a Vec takes writes");
+        }
+        write!(out, "],\"data_offsets\":[{},{}]}}", t.begin, t.end).expect("a Vec takes writes");
     }
-    let mut json = serde_json::to_vec(&Value::Object(root)).expect("a JSON value serializes");
-    let padded = (8 + json.len() as u64).next_multiple_of(align) - 8;
-    json.resize(padded as usize, b' ');
-    let mut out = (json.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&json);
+    out.push(b'}');
+    let json = out.len() as u64 - 8;
+    let padded = (8 + json).next_multiple_of(align) - 8;
+    out.resize(8 + padded as usize, b' ');
+    out[..8].copy_from_slice(&padded.to_le_bytes());
     out
 }
 
@@ -697,6 +709,53 @@ mod tests {
             .to_string()
             .contains("past the end of the file"));
         assert!(parse_header(&[1, 2], 2).is_err());
+    }
+
+    #[test]
+    fn serialized_header_is_the_json_of_its_tensors_in_data_order() {
+        let names = ["z\"quote\\back", "é中\u{1}\n", "a", "layers.0.w"];
+        let ts: Vec<TensorInfo> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| TensorInfo {
+                name: n.to_string(),
+                dtype: Dtype::F8_E4M3,
+                shape: vec![2, i as u64, 3],
+                begin: 6 * i as u64 * (i as u64).saturating_sub(1) / 2,
+                end: 6 * i as u64 * (i as u64 + 1) / 2,
+            })
+            .collect();
+        for meta in [
+            BTreeMap::new(),
+            BTreeMap::from([("k\"".to_string(), "v\\".to_string())]),
+        ] {
+            let b = serialize_header(&ts, &meta, 8);
+            let json = std::str::from_utf8(&b[8..]).unwrap().trim_end();
+            let mut want = serde_json::Map::new();
+            if !meta.is_empty() {
+                want.insert("__metadata__".into(), serde_json::to_value(&meta).unwrap());
+            }
+            for t in &ts {
+                want.insert(
+                    t.name.clone(),
+                    serde_json::json!({"dtype": "F8_E4M3", "shape": t.shape, "data_offsets": [t.begin, t.end]}),
+                );
+            }
+            assert_eq!(
+                serde_json::from_str::<Value>(json).unwrap(),
+                Value::Object(want)
+            );
+            // Keys in data order, the metadata first.
+            let at = |k: &str| json.find(&serde_json::to_string(k).unwrap()).unwrap();
+            let mut keys: Vec<&str> = names.to_vec();
+            if !meta.is_empty() {
+                keys.insert(0, "__metadata__");
+            }
+            assert!(keys.windows(2).all(|w| at(w[0]) < at(w[1])), "{json}");
+            let h = parse_header(&b, b.len() as u64 + ts.last().unwrap().end).unwrap();
+            assert_eq!(h.metadata, meta);
+            assert_eq!(h.tensors.len(), names.len());
+        }
     }
 
     #[test]
