@@ -57,13 +57,16 @@ warm_memory() {
     python3 bench/peers.py --warm-only --warm-gib "${ZEROHOP_WARM_GIB:-40}"
 }
 # bench/peers.py for one or more of its sections, output to
-# $OUT/peers-NAME.{txt,json,png}; ZEROHOP_PEERS_ARGS adds options
+# $OUT/peers-NAME.{txt,json,png}, ledger lines to $OUT/results.jsonl;
+# ZEROHOP_PEERS_ARGS adds options
 # (e.g. "--rounds 5" or "--hot-loaders zerohop-py,instanttensor").
 peers_run() {
     local name=$1; shift
     # shellcheck disable=SC2086 # ZEROHOP_PEERS_ARGS is a list of options
     PYTHONUNBUFFERED=1 python3 bench/peers.py "$@" --zerohop .stage/bin/zerohop ${ZEROHOP_PEERS_ARGS:-} \
-        --json-out "$OUT/peers-$name.json" --chart "$OUT/peers-$name.png" | tee "$OUT/peers-$name.txt"
+        --json-out "$OUT/peers-$name.json" --chart "$OUT/peers-$name.png" \
+        --ledger "$OUT/results.jsonl" --machine "$(machine_label)" --commit "$(cat .stage/commit)" \
+        | tee "$OUT/peers-$name.txt"
 }
 # The S3 server's binary: s3s-fs, or Garage with ZEROHOP_S3_SERVER=garage
 # (staged after `bash scripts/gpu.sh garage` here).
@@ -342,6 +345,43 @@ step_matrix() {
     PYTHONUNBUFFERED=1 python3 bench/matrix.py --machine "$(machine_label)" --commit "$(cat .stage/commit)" \
         --ledger "$OUT/results.jsonl" --json-out "$OUT/matrix.json" "${before[@]}" ${ZEROHOP_MATRIX_ARGS:-} \
         2>&1 | tee -a "$OUT/matrix.txt"
+}
+
+# The README's targets in one machine start: four steps, each a call of
+# the device tool (within its 600 s), carrying .stage and .whl. Their
+# figures go to $OUT/results.jsonl: append those to bench/results.jsonl,
+# and `python3 bench/targets.py --commit C` judges them.
+step_targets_loads() {
+    step_info
+    ZEROHOP_MATRIX_ARGS="--ops load_file,get_slice --rounds 3 --peer-rounds 2 --tools zerohop,instanttensor,limits --time-limit 300" \
+        step_matrix
+}
+
+step_targets_saves() {
+    ZEROHOP_MATRIX_ARGS="--ops checkpoint-save --shapes one,four,sixty-four,small-fp8 --rounds 3 --peer-rounds 2 --tools zerohop,raw-16-files --time-limit 330" \
+        step_matrix
+}
+
+step_targets_suspend() {
+    local gib
+    for gib in 16 8; do
+        # 16 GiB: suspend and resume, in the process and of an unaware
+        # one; 8 GiB: checkpoint-process and restore-process.
+        local rows=zerohop,preload-suspend,preload,driver
+        [ $gib = 8 ] && rows=preload,driver
+        ZEROHOP_SUSPEND_ARGS="--size-gib $gib --tensor-mib $((gib * 1024)) --rows $rows --no-disk --reuse --mlp" step_suspend
+        local ext
+        for ext in txt json; do
+            [ ! -f "$OUT/suspend.$ext" ] || mv "$OUT/suspend.$ext" "$OUT/suspend-${gib}gib.$ext"
+        done
+    done
+}
+
+step_targets_writes_cold() {
+    ZEROHOP_MATRIX_ARGS="--ops save_file --shapes one,small-fp8 --rounds 3 --peer-rounds 1 --tools zerohop,raw-1-file-mapped --time-limit 100" \
+        step_matrix
+    ZEROHOP_PEERS_ARGS="--warm-gib 0 --cold-loaders zerohop-py,fastsafetensors --cold-rounds 3 --sweep-threads 8,16 --sweep-blocks 1MiB,4MiB --time-limit 300" \
+        step_peers_cold
 }
 
 step_write_probe() {

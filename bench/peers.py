@@ -52,7 +52,8 @@ timed region (getrusage), over GB loaded; for the CLI, its own report
 Output: one table per section (best and median GB/s, ratio to pinned H2D,
 to the best peer or, for shapes, to the single file, CPU s/GB), then the
 targets and whether each was met; JSON with every run (--json-out, written
-after every round) and a PNG chart (--chart; needs matplotlib).  GB/s is
+after every round), a PNG chart (--chart; needs matplotlib) and, on a GPU,
+every figure as a line of the results ledger (--ledger).  GB/s is
 decimal.  The parent needs only the standard library.
 
 Time: no round starts that would end past --time-limit, and no load starts
@@ -89,6 +90,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Beside this file: the report (tables, targets, JSON, chart) and the child
 # side (the loaders), whose helpers need only the standard library.
+import ledger  # noqa: E402
 import peers_report as report  # noqa: E402
 import peers_s3  # noqa: E402
 from lab_binary import lab_binary  # noqa: E402
@@ -648,8 +650,30 @@ def run_all(args: argparse.Namespace) -> None:
         final_report(ctx, model)
 
 
+def ledger_lines(ctx: Run, s: dict) -> list:
+    """Every row's best and median GB/s, the pinned H2D rate and every
+    target's ratio, as lines of the results ledger."""
+    command = "python3 bench/peers.py " + " ".join(sys.argv[1:])
+    lines = []
+
+    def add(figure: str, value: float) -> None:
+        lines.append(ledger.line(ctx.args.commit, ctx.args.machine, command, figure, value))
+
+    if ctx.h2d_gbps():
+        add("peers: pinned host-to-device copies GB/s (best)", ctx.h2d_gbps())
+    for mode, rows in s["rows"].items():
+        for r in (r for r in rows if "best_gbps" in r):
+            add(f"peers {mode}: {r['label']} GB/s (best of {r['runs']})", r["best_gbps"])
+            add(f"peers {mode}: {r['label']} GB/s (median of {r['runs']})", r["median_gbps"])
+    for t in (t for t in s["targets"] if t["value"] is not None):
+        add(f"peers {t['mode']}: {t['name']}", t["value"])
+    return lines
+
+
 def final_report(ctx: Run, model: list[str] | None) -> None:
     s = report.summary(ctx.runs, ctx.h2d_gbps())
+    if ctx.args.device.startswith("cuda"):  # a dry run on host memory measures nothing
+        ledger.append(ctx.args.ledger, ledger_lines(ctx, s))
     print("targets:")
     for t in s["targets"]:
         print("  " + report.target_line(t))
@@ -748,6 +772,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cuda:0, or cpu for a dry run of this script where there is no GPU (default: cuda:0)")
     p.add_argument("--json-out", metavar="PATH", help="write every run, versions and machine facts here (default: none)")
     p.add_argument("--chart", metavar="PATH", help="write a PNG bar chart here; needs matplotlib (default: none)")
+    p.add_argument("--ledger", help="append every figure to this results ledger (JSON lines)")
+    p.add_argument("--machine", default=platform.node(), help="the machine, for the ledger")
+    p.add_argument("--commit", help="the commit measured, for the ledger (default: git's HEAD)")
     args = p.parse_args(argv)
     if args.warm_only:
         return args

@@ -195,6 +195,68 @@ def test_chart_without_matplotlib_is_skipped_with_a_reason(tmp_path, runs, monke
     assert not (tmp_path / "x.png").exists()
 
 
+def test_peers_ledger_has_every_rows_best_and_median_and_the_targets(runs):
+    """bench/peers.py's ledger lines: each measured row of each section,
+    the pinned H2D rate and every target measured (none for a loader that
+    only failed)."""
+    import argparse
+
+    import peers
+
+    ctx = argparse.Namespace(args=argparse.Namespace(commit="abc1234", machine="h200"), h2d_gbps=lambda: H2D)
+    lines = peers.ledger_lines(ctx, report.summary(runs, H2D))
+    figures = {x["figure"]: x["value"] for x in lines}
+    assert all(x["commit"] == "abc1234" and x["machine"] == "h200" for x in lines)
+    assert figures["peers: pinned host-to-device copies GB/s (best)"] == H2D
+    assert figures["peers hot: zerohop-py GB/s (best of 3)"] == 46.0
+    assert figures["peers hot: zerohop-py GB/s (median of 3)"] == 44.0
+    assert figures["peers cold: zerohop-py GB/s (best of 2)"] == 2.4
+    assert figures["peers shapes: fp8 / zerohop-py GB/s (best of 1)"] == 32.0
+    assert figures["peers hot: zerohop-py / InstantTensor (copy=False)"] == pytest.approx(46.0 / 41.0, abs=1e-4)
+    assert figures["peers cold: zerohop-py / fastsafetensors"] == pytest.approx(2.4 / 1.8, abs=1e-4)
+    assert not any("KvikIO" in f for f in figures), "kvikio only failed"
+
+
+def test_targets_are_judged_from_one_commits_ledger_lines(tmp_path):
+    """bench/targets.py: each target's value from the matrix's, suspend's
+    and peers' ledger lines of the commit asked for (another commit's lines
+    are not used), a missing one not met, exit 1 unless all are met."""
+    import targets
+
+    def line(figure, value, commit="abc1234"):
+        return {"date": "2026-12-07", "commit": commit, "machine": "h200 k", "command": "c",
+                "figure": figure, "value": value}
+
+    lines = [line("pinned host-to-device copies GB/s (best of 5)", 50.0),
+             line("load_file one zerohop GB/s (best of 3)", 46.0),
+             line("load_file one instanttensor GB/s (best of 2)", 40.0),
+             line("load_file one zerohop GB/s (best of 3)", 10.0, commit="0000000"),
+             line("checkpoint-save small-fp8 zerohop GB/s (best of 3)", 22.0),
+             line("checkpoint-save small-fp8 raw-16-files GB/s (best of 2)", 27.5),
+             line("get_slice zerohop worst shape / best shape", 0.9),
+             line("suspend 16 GiB one tensor, zerohop row, first pause s", 0.7),
+             line("suspend 16 GiB one tensor, zerohop row, first resume s", 0.6),
+             line("peers cold: zerohop-py / fastsafetensors", 1.3)]
+    verdicts = {t: (v, met, note) for t, v, _, met, note in targets.judge(targets.figures_of(lines, "abc1234", "h200"))}
+    assert verdicts["load_file one / InstantTensor"] == (pytest.approx(46.0 / 40.0), True, "best of 2")
+    assert verdicts["load_file one / pinned H2D"][:2] == (pytest.approx(0.92), True)
+    assert verdicts["checkpoint-save small-fp8 / raw-16-files"][:2] == (pytest.approx(0.8), False)
+    assert verdicts["get_slice: worst shape / best shape"][1] is True
+    assert verdicts["suspend 16 GiB one tensor, zerohop: pause s"][1] is True
+    assert verdicts["suspend 16 GiB one tensor, zerohop: resume s"][1] is False
+    assert verdicts["cold load_file / fastsafetensors"][1] is True
+    assert verdicts["load_file four / InstantTensor"] == (None, False, "not measured")
+    assert "save_file one / raw-1-file-mapped" not in verdicts, "a save not measured is not listed per shape"
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = subprocess.run([sys.executable, str(BENCH / "targets.py"), "--commit", "abc1234", "--ledger", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "NOT met  checkpoint-save small-fp8 / raw-16-files: 0.800" in out.stdout
+    gone = subprocess.run([sys.executable, str(BENCH / "targets.py"), "--commit", "fffffff", "--ledger", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode != 0 and "no figures of commit fffffff" in gone.stderr
+
+
 def test_peers_help_runs_without_torch():
     env = dict(os.environ, PYTHONPATH="")
     # -S: no site-packages, so no torch, whatever this Python has.
