@@ -544,6 +544,8 @@ def on_one_device(buffers: Dict[str, Buffer]) -> Tuple[Dict[str, Buffer], str]:
     for b in buffers.values():
         by_device[b.device] = by_device.get(b.device, 0) + b.nbytes
     device = max(by_device, key=lambda d: by_device[d]) if by_device else "cpu"
+    if len(by_device) <= 1:
+        return buffers, device  # nothing to copy (a checkpoint's thousands of tensors)
     return {n: moved_to(b, device) for n, b in buffers.items()}, device
 
 
