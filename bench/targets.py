@@ -22,8 +22,11 @@ import json
 import re
 import sys
 
-SHAPES = ("one", "four", "sixty-four", "small-fp8", "shards")
-OPS = ("load_file", "get_slice", "save_file", "checkpoint-save", "checkpoint-load")
+# The bounds the benchmarks print their own verdicts by (both modules need
+# only the standard library).
+from matrix import OPS, SHAPES, WORST_OVER_BEST
+from peers_report import COLD_VS_FASTSAFETENSORS, COLD_VS_RAW_MEDIAN, HOT_VS_H2D, HOT_VS_INSTANTTENSOR
+
 ROUNDS = 3
 
 
@@ -69,13 +72,17 @@ def judge(figures: dict) -> list:
     h2d = starting(figures, "pinned host-to-device copies GB/s")
     for shape in SHAPES:
         z = best(figures, "load_file", shape, "zerohop")
-        ratio(f"load_file {shape} / InstantTensor", z, best(figures, "load_file", shape, "instanttensor"), 1.10)
-        ratio(f"load_file {shape} / pinned H2D", z, (h2d, ROUNDS) if h2d else None, 0.85)
-    add("cold load_file / fastsafetensors", starting(figures, "peers cold: zerohop-py / fastsafetensors"), ">=", 1.05)
+        ratio(f"load_file {shape} / InstantTensor", z, best(figures, "load_file", shape, "instanttensor"),
+              HOT_VS_INSTANTTENSOR)
+        ratio(f"load_file {shape} / pinned H2D", z, (h2d, ROUNDS) if h2d else None, HOT_VS_H2D)
+    add("cold load_file / fastsafetensors", starting(figures, "peers cold: zerohop-py / fastsafetensors"), ">=",
+        COLD_VS_FASTSAFETENSORS)
     add("cold load_file / the best raw read, medians",
-        starting(figures, "peers cold: zerohop-py / the raw-read configuration of the highest median"), ">=", 0.95)
+        starting(figures, "peers cold: zerohop-py / the raw-read configuration of the highest median"), ">=",
+        COLD_VS_RAW_MEDIAN)
     for op in OPS:
-        add(f"{op}: worst shape / best shape", starting(figures, f"{op} zerohop worst shape / best shape"), ">=", 0.85)
+        add(f"{op}: worst shape / best shape", starting(figures, f"{op} zerohop worst shape / best shape"), ">=",
+            WORST_OVER_BEST)
     for op, raw in (("checkpoint-save", "raw-16-files"), ("save_file", "raw-1-file-mapped")):
         for shape in SHAPES:
             z = best(figures, op, shape, "zerohop")
