@@ -29,10 +29,13 @@ import subprocess
 DEFAULT_CONFIGS = "default;--threads 12;--threads 24 --staging 256MiB;--slot 2MiB --write-window 2MiB;--staging 64MiB --slot 2MiB --write-window 2MiB"
 
 
-def make_small_fp8(path: str) -> None:
+def make_small_fp8(path: str, save_file=None) -> None:
+    """bench/matrix.py's small-fp8 shape, written by `save_file`
+    (safetensors', which sorts the tensors by name, if None)."""
     import torch
-    from safetensors.torch import save_file
 
+    if save_file is None:
+        from safetensors.torch import save_file
     g = torch.Generator().manual_seed(1)
     unit = (8 << 30) // (3280 * 5 // 2) // 4096 * 4096
     save_file({f"expert.{i}": torch.randint(0, 256, (unit * (1 + i % 4),), generator=g, dtype=torch.uint8)

@@ -14,10 +14,14 @@ every object of the process).
 
 A missing FILE is made as bench/matrix.py's small-fp8 shape (3,280 FP8
 tensors of 1 - 4 MiB, 8 GiB; needs torch and safetensors); several
-missing FILEs as its shards shape (8 GiB in all, 16 bf16 tensors each).
+missing FILEs as its shards shape (8 GiB in all, 16 bf16 tensors each);
+written by safetensors, which sorts the tensors by name, or with
+`--unsorted` by `zerohop.save_file`, whose data follows the order the
+tensors came in (expert.0, expert.1, expert.2, ...), not the order of
+their names that `keys()` gives (expert.0, expert.1, expert.10, ...).
 With several files, the opening and first two reads are summed over them.
 
-    python3 bench/probe/slice_windows.py FILE... [--rounds 3] [--device cuda:0]
+    python3 bench/probe/slice_windows.py FILE... [--rounds 3] [--device cuda:0] [--unsorted]
         [--settings "default;READ_AHEAD_WINDOWS=3;READ_AHEAD_DENSE_MOST=2147483648"]
 
 A setting `settle=SECONDS` waits that long after `import zerohop` before
@@ -38,10 +42,11 @@ import time
 from save_configs import make_small_fp8
 
 
-def make_shards(paths: list) -> None:
+def make_shards(paths: list, save_file=None) -> None:
     import torch
-    from safetensors.torch import save_file
 
+    if save_file is None:
+        from safetensors.torch import save_file
     g = torch.Generator().manual_seed(2)
     per = (8 << 30) // len(paths) // 16 // 4096 * 4096
     for s, path in enumerate(paths):
@@ -132,16 +137,23 @@ def main() -> None:
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--settings", default="default;READ_AHEAD_WINDOWS=3;READ_AHEAD_DENSE_MOST=2147483648",
                     help="';'-separated; each 'default' or NAME=INT,... (or settle=SECONDS)")
+    ap.add_argument("--unsorted", action="store_true", help="make missing files with zerohop.save_file (the data "
+                    "in the order the tensors came), not safetensors' (sorted by name)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.files, args.device, args.child)))
         return
     if not all(os.path.exists(f) for f in args.files):
+        save_file = None
+        if args.unsorted:
+            import zerohop
+
+            save_file = zerohop.save_file
         if len(args.files) == 1:
-            make_small_fp8(args.files[0])
+            make_small_fp8(args.files[0], save_file)
         else:
-            make_shards(args.files)
+            make_shards(args.files, save_file)
     settings = [s.strip() for s in args.settings.split(";")]
     rows: dict = {s: [] for s in settings}
     for r in range(args.rounds):

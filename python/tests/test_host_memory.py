@@ -534,6 +534,25 @@ def test_safe_open_reads_ahead_in_name_order_and_not_when_reads_jump(tmp_path, r
     assert reads == [10 * tensors[n].itemsize for n in jumps]
 
 
+@pytest.mark.parametrize("iterate", ["keys", "offset_keys"])
+def test_read_ahead_reads_each_byte_once_in_either_order_of_a_file_written_unsorted(tmp_path, monkeypatch, iterate):
+    # Written as the tensors came: the data's order (layer.0, layer.1,
+    # layer.2, ...) is not the names' (layer.0, layer.1, layer.10, ...),
+    # and both start with the same two tensors.
+    tensors = {f"layer.{i}": np.full((8, 250), i, np.float32) for i in range(64)}
+    path = tmp_path / "m.safetensors"
+    zerohop.save_file(tensors, path)
+    _window_sizes(monkeypatch, 32_000, 128_000, 512_000)  # a first window of 8 halves
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        assert f.keys()[:3] == ["layer.0", "layer.1", "layer.10"]
+        assert f.offset_keys()[:3] == ["layer.0", "layer.1", "layer.2"]
+        for name in getattr(f, iterate)():
+            assert np.array_equal(f.get_slice(name)[:4], tensors[name][:4]), name
+    assert sum(reads) == 64 * 4000, reads
+    assert len(reads) < 12, reads
+
+
 @pytest.mark.parametrize("device", ["cpu", "sim"])
 def test_queued_reads_run_in_order_and_report_once(tmp_path, device):
     # Into host memory each read is a transfer of its own; into a device
