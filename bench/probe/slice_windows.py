@@ -4,8 +4,8 @@ of each of several files in turn), as
 bench/matrix.py times get_slice (first calls in a fresh process), under
 several settings of the read-ahead (`zerohop._read_ahead`'s READ_AHEAD_*
 constants), alternated round by round. Prints per setting the rate as
-waited, and where the time went: the window reads (how many, the sum of
-their transfers, how long the program blocked waiting for them), how
+waited, and where the time went: the window reads (how many, their
+bytes over the bytes asked, the sum of their transfers, how long the program blocked waiting for them), how
 long opening the file and the first two reads took, when the first
 window was queued, and the tail after the
 wait for the last one (the program taking that window's tensors), and
@@ -71,6 +71,7 @@ def child(paths: list, device: str, setting: str) -> dict:
         assert hasattr(_read_ahead, name), name
         setattr(_read_ahead, name, int(value))
     spans: list = []  # (queued, waited for, engine seconds, seconds blocked in wait) of each window read
+    read_bytes = [0]  # what the windows read
 
     class TimedRead:
         def __init__(self, read):
@@ -88,6 +89,7 @@ def child(paths: list, device: str, setting: str) -> dict:
             return getattr(_native, name)
 
         def read_queued(self, *a, **kw):
+            read_bytes[0] += sum(n for _, _, n, _ in a[2])  # its pieces: (file, offset, bytes, address)
             if kw.get("after") is not None:
                 kw["after"] = kw["after"].read
             return TimedRead(_native.read_queued(*a, **kw))
@@ -123,6 +125,7 @@ def child(paths: list, device: str, setting: str) -> dict:
     gc.callbacks.remove(collected)
     spans.sort()
     return {"gbps": nbytes / (end - t) / 1e9, "wall": end - t, "reads": len(spans),
+            "read_over_asked": read_bytes[0] / nbytes,
             "engine": sum(s[2] for s in spans), "blocked": sum(s[3] for s in spans),
             "head": spans[0][0] - t if spans else 0.0,
             "open": opened, "first": first, "second": second,
@@ -165,7 +168,8 @@ def main() -> None:
     for s, runs in rows.items():
         print(f"{s}: {max(x['gbps'] for x in runs):.2f} GB/s best, {med(x['gbps'] for x in runs):.2f} median"
               f" ({len(runs)} runs); medians: wall {med(x['wall'] for x in runs) * 1e3:.0f} ms,"
-              f" {med(x['reads'] for x in runs):.0f} window reads (their transfers {med(x['engine'] for x in runs) * 1e3:.0f} ms,"
+              f" {med(x['reads'] for x in runs):.0f} window reads of {med(x['read_over_asked'] for x in runs):.2f} x"
+              f" the bytes asked (their transfers {med(x['engine'] for x in runs) * 1e3:.0f} ms,"
               f" the program blocked waiting for them {med(x['blocked'] for x in runs) * 1e3:.0f} ms),"
               f" the files opened in {med(x['open'] for x in runs) * 1e3:.1f} ms, the first read took"
               f" {med(x['first'] for x in runs) * 1e3:.1f} ms and the second {med(x['second'] for x in runs) * 1e3:.1f},"
