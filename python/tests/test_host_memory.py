@@ -378,11 +378,15 @@ def test_safe_open_reads_alone_what_a_window_missed_and_keeps_the_windows(tmp_pa
         # Asked again, a tensor given out is read anew.
         assert np.array_equal(f.get_slice("layers.03.a")[16:32], tensors["layers.03.a"][16:32])
     rows_of_a, vector = 16 * 100 * 4, 100 * 4
-    # One window from layer 0's `a` on: the rows of `a` asked, all of `b`,
-    # and all of `c` (asked of no layer yet), its halves copied out of it.
-    # Rows of layer 10's `a` that the window lacks, and layer 3's `a`
-    # again, are read alone.
-    assert reads == [40 * (rows_of_a + 2 * vector), rows_of_a, rows_of_a], reads
+    layer = rows_of_a + vector + vector // 2
+    # The first read asks part of `a`: no window reaches past a kind not
+    # read yet, so layer 0's `a` and `b` are windows of their own, and the
+    # two queued meanwhile hold `c` of layers 0 and 1 whole, as it is not
+    # asked yet (its halves copied out of them). Then one window holds
+    # what each kind asks of layers 2 - 39. Rows of layer 10's `a` that
+    # the window lacks, and layer 3's `a` again, are read alone.
+    windows = [rows_of_a, vector, vector + rows_of_a + vector, vector + rows_of_a + vector, vector // 2 + 37 * layer]
+    assert reads == windows + [rows_of_a, rows_of_a], reads
 
 
 @pytest.mark.parametrize("step", [1, 2])
@@ -551,6 +555,38 @@ def test_read_ahead_reads_each_byte_once_in_either_order_of_a_file_written_unsor
             assert np.array_equal(f.get_slice(name)[:4], tensors[name][:4]), name
     assert sum(reads) == 64 * 4000, reads
     assert len(reads) < 12, reads
+
+
+def test_read_ahead_waits_to_learn_each_kind_once_reads_take_parts(tmp_path, monkeypatch):
+    # A tensor-parallel rank's reads: its rows of some kinds; of others,
+    # its columns, so every row; small ones whole.
+    tensors = {}
+    for layer in range(12):
+        for kind in ("q", "k", "v", "up"):
+            tensors[f"layers.{layer}.{kind}"] = np.full((64, 250), layer, np.float32)
+        for kind in ("o", "down"):
+            tensors[f"layers.{layer}.{kind}"] = np.full((250, 64), layer, np.float32)
+        tensors[f"layers.{layer}.norm"] = np.full(250, layer, np.float32)
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    _window_sizes(monkeypatch, 64_000, 256_000, 1_024_000)
+    reads = _counting_reads(monkeypatch)
+    needed = 0
+    with zerohop.safe_open(path, framework="np") as f:
+        for name in f.keys():
+            part, whole = f.get_slice(name), tensors[name]
+            kind = name.rsplit(".", 1)[1]
+            if kind in ("o", "down"):
+                got, want, needed = part[:, 16:32], whole[:, 16:32], needed + whole.nbytes
+            elif kind == "norm":
+                got, want, needed = part[:], whole, needed + whole.nbytes
+            else:
+                got, want = part[16:32], whole[16:32]
+                needed += want.nbytes
+            assert np.array_equal(got, want), name
+    # Of the first layer's kinds, those read ahead before their first read
+    # come whole; the windows after hold what each kind asks.
+    assert sum(reads) <= 1.15 * needed, (sum(reads), needed)
 
 
 @pytest.mark.parametrize("device", ["cpu", "sim"])

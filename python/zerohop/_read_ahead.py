@@ -28,7 +28,11 @@ program takes the tensors of the window before while they are read.
 
 A window holds of each tensor the rows the last read of its kind asked for
 (its name with the numbers left out: `layers.#.q.weight`), as a fraction of
-its rows; of a kind not read yet, all of it. A read the window holds
+its rows; of a kind not read yet, all of it. In a file of layers, a window
+ends before a tensor of a kind not read yet (unless it is the window's
+first): a tensor-parallel rank asks its rows of some kinds and every row
+of others, and windows planned before the first layer's kinds were read
+held several layers whole. A read the window holds
 exactly is its tensor, made while the window was read; one it holds more
 than is a copy of the rows; one it does not hold is read alone, and the
 windows stay."""
@@ -208,6 +212,12 @@ class _ReadAhead:
         # Per kind, the rows last asked: fractions of the first and the
         # last row's end.
         self.asked: Dict[str, Tuple[Tuple[int, int], Tuple[int, int]]] = {}
+        # Whether the file is made of layers, each kind four times or
+        # more on average: then its first layer shows what a program asks
+        # of each kind, and a window ends before a kind not read yet
+        # (unless it is the window's first). A file of names that do not
+        # repeat has no kind to learn.
+        self.layered = 4 * len({t.kind for t in tensors}) <= len(tensors)
 
     def read(self, info: _Tensor, asked: _Tensor, sources: Callable[[], Any], device: str, framework: str,
              check: Callable[[], None]) -> Optional[Any]:
@@ -317,6 +327,8 @@ class _ReadAhead:
         total = 0
         end = len(order) if until is None else until
         while i < end:
+            if picked and self.layered and order[i].kind not in self.asked:
+                break  # what the program asks of this kind is not known yet
             part = self._predicted(order[i])
             n = part.end - part.begin
             if n <= READ_AHEAD_TENSOR_BYTES:
