@@ -589,6 +589,21 @@ def test_read_ahead_waits_to_learn_each_kind_once_reads_take_parts(tmp_path, mon
     assert sum(reads) <= 1.15 * needed, (sum(reads), needed)
 
 
+def test_read_ahead_windows_span_names_that_do_not_repeat(tmp_path, monkeypatch):
+    # No kind to learn: windows hold tensors not read yet, whole.
+    names = [a + b for a in "abcdefgh" for b in "xyzw"]
+    tensors = {name: np.full((10, 100), i, np.float32) for i, name in enumerate(names)}
+    path = tmp_path / "m.safetensors"
+    st_numpy.save_file(tensors, str(path))
+    _window_sizes(monkeypatch, 40_000, 40_000, 40_000)  # 10 tensors a window
+    reads = _counting_reads(monkeypatch)
+    with zerohop.safe_open(path, framework="np") as f:
+        for name in f.keys():
+            assert np.array_equal(f.get_slice(name)[:5], tensors[name][:5]), name
+    # The first read's half, then whole tensors of names not read yet.
+    assert reads[:2] == [2000 + 9 * 4000, 10 * 4000], reads
+
+
 @pytest.mark.parametrize("device", ["cpu", "sim"])
 def test_queued_reads_run_in_order_and_report_once(tmp_path, device):
     # Into host memory each read is a transfer of its own; into a device
