@@ -75,25 +75,19 @@ def tp_rank(name: str, part, shape, rank: int = 1, ranks: int = 4) -> tuple:
 def count(paths: list, order: str, ask) -> tuple:
     """(bytes read, bytes needed) of a program reading `paths` in turn."""
     import zerohop
-    from zerohop import _native, _read_ahead
+    from zerohop import _native
 
     read = [0]
 
-    class Counted:
-        def __getattr__(self, name):
-            return getattr(_native, name)
+    def counted(real):
+        def call(device, sources, pieces, *a, **kw):
+            read[0] += sum(n for _, _, n, _ in pieces)  # (file, offset, bytes, address)
+            return real(device, sources, pieces, *a, **kw)
+        return call
 
-        def read_queued(self, device, sources, pieces, *a, **kw):
-            read[0] += sum(n for _, _, n, _ in pieces)
-            return _native.read_queued(device, sources, pieces, *a, **kw)
-
-    real_read = _native.read
-
-    def read_alone(device, sources, pieces, *a, **kw):
-        read[0] += sum(n for _, _, n, _ in pieces)
-        return real_read(device, sources, pieces, *a, **kw)
-
-    _read_ahead._native, _native.read = Counted(), read_alone
+    # Reads alone, and windows.
+    reals = _native.read, _native.read_queued
+    _native.read, _native.read_queued = map(counted, reals)
     needed = 0
     try:
         for path in paths:
@@ -103,7 +97,7 @@ def count(paths: list, order: str, ask) -> tuple:
                     _, n = ask(name, part, part.get_shape())
                     needed += n
     finally:
-        _read_ahead._native, _native.read = _native, real_read
+        _native.read, _native.read_queued = reals
     return read[0], needed
 
 

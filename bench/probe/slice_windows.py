@@ -5,9 +5,10 @@ bench/matrix.py times get_slice (first calls in a fresh process), under
 several settings of the read-ahead (`zerohop._read_ahead`'s READ_AHEAD_*
 constants), alternated round by round. Prints per setting the rate as
 waited, and where the time went: the window reads (how many, their
-bytes over the bytes asked, the sum of their transfers, how long the program blocked waiting for them), how
-long opening the file and the first two reads took, when the first
-window was queued, and the tail after the
+bytes over the bytes asked, the sum of their transfers, how long the
+program blocked waiting for them), how long opening the file and the
+first two reads took, when the first window was queued, and the tail
+after the
 wait for the last one (the program taking that window's tensors), and
 the interpreter's cycle collections inside the clock (a full one walks
 every object of the process).
